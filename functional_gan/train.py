@@ -1,0 +1,204 @@
+"""The DCGAN training step, written functionally, and the state it carries.
+
+The step reads like the tutorial's loop, with ``jax.lax.stop_gradient`` standing where
+``fake.detach()`` stood, and gradients returned as values instead of accumulated in ``.grad``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from functional_gan.config import TrainConfig
+from functional_gan.layers import bce_loss
+from functional_gan.models import Discriminator, Generator
+
+REAL_LABEL = 1.0  # floats, as the tutorial (long labels once broke it)
+FAKE_LABEL = 0.0
+
+
+@flax.struct.dataclass
+class GANState:
+    """Everything a DCGAN run carries from one iteration to the next (a pytree)."""
+
+    step: jax.Array
+    generator_params: Any
+    generator_batch_stats: Any
+    discriminator_params: Any
+    discriminator_batch_stats: Any
+    generator_opt_state: Any
+    discriminator_opt_state: Any
+
+
+class StepMetrics(NamedTuple):
+    """The tutorial's stats: ``Loss_D``, ``Loss_G``, ``D(x)``, ``D(G(z))`` before / after D's update."""
+
+    loss_d: jax.Array
+    loss_g: jax.Array
+    d_x: jax.Array
+    d_g_z1: jax.Array
+    d_g_z2: jax.Array
+
+
+def make_models(config: TrainConfig) -> tuple[Generator, Discriminator]:
+    generator = Generator(nz=config.nz, ngf=config.ngf, nc=config.nc, image_size=config.image_size)
+    discriminator = Discriminator(ndf=config.ndf, nc=config.nc, image_size=config.image_size)
+    return generator, discriminator
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """``optim.Adam(params, lr, betas=(beta1, 0.999))``: optax's adam is the same algorithm (eps=1e-8 outside the root)."""
+    return optax.adam(config.lr, b1=config.beta1, b2=config.beta2, eps=1e-8)
+
+
+def root_key(config: TrainConfig) -> jax.Array:
+    """The run's one root key; everything random derives from it by ``fold_in``."""
+    return jax.random.key(config.seed)
+
+
+def init_state(config: TrainConfig, dtype=jnp.float32) -> GANState:
+    """Fresh models with the tutorial's ``weights_init`` and fresh Adam states."""
+    generator, discriminator = make_models(config)
+    key_g, key_d = jax.random.split(jax.random.fold_in(root_key(config), -1))
+    z = jnp.zeros((2, config.nz), dtype)
+    images = jnp.zeros((2, config.image_size, config.image_size, config.nc), dtype)
+    generator_vars = generator.init(key_g, z)
+    discriminator_vars = discriminator.init(key_d, images)
+    optimizer = make_optimizer(config)
+    return GANState(
+        step=jnp.zeros((), jnp.int32),
+        generator_params=generator_vars["params"],
+        generator_batch_stats=generator_vars["batch_stats"],
+        discriminator_params=discriminator_vars["params"],
+        discriminator_batch_stats=discriminator_vars["batch_stats"],
+        generator_opt_state=optimizer.init(generator_vars["params"]),
+        discriminator_opt_state=optimizer.init(discriminator_vars["params"]),
+    )
+
+
+def step_noise(config: TrainConfig, step: jax.Array, batch_size: int, dtype=jnp.float32) -> jax.Array:
+    """The noise of iteration ``step``: ``fold_in(root, step)``, so a resumed run draws the same noise."""
+    return jax.random.normal(jax.random.fold_in(root_key(config), step), (batch_size, config.nz), dtype)
+
+
+def fixed_noise(config: TrainConfig, num: int = 64) -> jax.Array:
+    """The tutorial's ``fixed_noise = randn(64, nz, 1, 1)`` for progress grids."""
+    return jax.random.normal(jax.random.fold_in(root_key(config), -2), (num, config.nz))
+
+
+def gan_step(config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_NZ: jax.Array) -> tuple[GANState, StepMetrics]:
+    """One iteration of the tutorial's loop, as a pure function of the state, the batch and the noise.
+
+    PyTorch                                      here
+    ------------------------------------------   ------------------------------------------------
+    fake = netG(noise)                           fake, generator_vjp = jax.vjp(G, params_G)
+    errD_real = BCE(netD(real), 1)               ─┐ d_loss(params_D), differentiated only with
+    errD_fake = BCE(netD(fake.detach()), 0)       │ respect to params_D; stop_gradient(fake)
+    errD_real.backward(); errD_fake.backward()   ─┘ stands where detach() stood
+    optimizerD.step()                            optax update of D
+    errG = BCE(netD(fake), 1)  # updated D       g_loss(fake) through the *updated* D
+    errG.backward(); optimizerG.step()           generator_vjp(d errG / d fake), optax update of G
+
+    ``fake`` is computed once and G's VJP is reused, as PyTorch reuses the graph it kept alive
+    because of ``detach()``. D's running statistics update three times (real, detached fake, fake
+    through the updated D) and G's once, as in PyTorch.
+    """
+    generator, discriminator = make_models(config)
+    optimizer = make_optimizer(config)
+    batch_size = real_NHWC.shape[0]
+
+    def generate(generator_params):
+        fake, updates = generator.apply(
+            {"params": generator_params, "batch_stats": state.generator_batch_stats}, noise_NZ, mutable=["batch_stats"]
+        )
+        return fake, updates["batch_stats"]
+
+    fake, generator_vjp, generator_batch_stats = jax.vjp(generate, state.generator_params, has_aux=True)
+
+    def discriminate(discriminator_params, batch_stats, images):
+        probabilities, updates = discriminator.apply(
+            {"params": discriminator_params, "batch_stats": batch_stats}, images, mutable=["batch_stats"]
+        )
+        return probabilities, updates["batch_stats"]
+
+    # (1) Update D: maximize log(D(x)) + log(1 - D(G(z))).
+    def discriminator_loss(discriminator_params):
+        output, batch_stats = discriminate(discriminator_params, state.discriminator_batch_stats, real_NHWC)
+        err_real = bce_loss(output, jnp.full((batch_size,), REAL_LABEL, output.dtype))
+        d_x = output.mean()
+        # PyTorch: netD(fake.detach()). Here we differentiate only D's parameters, so no gradient
+        # could reach G anyway; stop_gradient states the intent and cuts the path even if this
+        # function is ever differentiated with respect to `fake` or G's parameters.
+        output, batch_stats = discriminate(discriminator_params, batch_stats, jax.lax.stop_gradient(fake))
+        err_fake = bce_loss(output, jnp.full((batch_size,), FAKE_LABEL, output.dtype))
+        return err_real + err_fake, (batch_stats, d_x, output.mean())  # errD = errD_real + errD_fake
+
+    (loss_d, (discriminator_batch_stats, d_x, d_g_z1)), discriminator_grads = jax.value_and_grad(
+        discriminator_loss, has_aux=True
+    )(state.discriminator_params)
+    updates, discriminator_opt_state = optimizer.update(
+        discriminator_grads, state.discriminator_opt_state, state.discriminator_params
+    )
+    discriminator_params = optax.apply_updates(state.discriminator_params, updates)
+
+    # (2) Update G: maximize log(D(G(z))), through the updated D, on the same `fake`.
+    def generator_loss_of_fake(fake_images):
+        output, batch_stats = discriminate(discriminator_params, discriminator_batch_stats, fake_images)
+        err_g = bce_loss(output, jnp.full((batch_size,), REAL_LABEL, output.dtype))
+        return err_g, (batch_stats, output.mean())
+
+    (loss_g, (discriminator_batch_stats, d_g_z2)), fake_cotangent = jax.value_and_grad(
+        generator_loss_of_fake, has_aux=True
+    )(fake)
+    (generator_grads,) = generator_vjp(fake_cotangent)
+    updates, generator_opt_state = optimizer.update(generator_grads, state.generator_opt_state, state.generator_params)
+    generator_params = optax.apply_updates(state.generator_params, updates)
+
+    new_state = GANState(
+        step=state.step + 1,
+        generator_params=generator_params,
+        generator_batch_stats=generator_batch_stats,
+        discriminator_params=discriminator_params,
+        discriminator_batch_stats=discriminator_batch_stats,
+        generator_opt_state=generator_opt_state,
+        discriminator_opt_state=discriminator_opt_state,
+    )
+    return new_state, StepMetrics(loss_d, loss_g, d_x, d_g_z1, d_g_z2)
+
+
+def make_train_step(config: TrainConfig):
+    """``train_step(state, real_NHWC) -> (state, metrics)``, jitted whole (loss, gradients and updates).
+
+    The noise is drawn inside from ``fold_in(root_key, state.step)``. The state's buffers are
+    donated on accelerators (CPU ignores donation).
+    """
+
+    def train_step(state: GANState, real_NHWC: jax.Array):
+        noise = step_noise(config, state.step, real_NHWC.shape[0], real_NHWC.dtype)
+        return gan_step(config, state, real_NHWC, noise)
+
+    donate = (0,) if jax.default_backend() != "cpu" else ()
+    return jax.jit(train_step, donate_argnums=donate)
+
+
+def make_sampler(config: TrainConfig, use_running_average: bool = False):
+    """``sample(state, noise) -> images_NHWC`` in [−1, 1], a pure function (jitted).
+
+    ``use_running_average=False`` is the tutorial's train-mode BatchNorm (it never calls
+    ``.eval()``). Unlike PyTorch, sampling here leaves G's running statistics unchanged: it is a
+    pure function of the state, not an update of it.
+    """
+    generator = Generator(
+        nz=config.nz, ngf=config.ngf, nc=config.nc, image_size=config.image_size, use_running_average=use_running_average
+    )
+
+    @jax.jit
+    def sample(state: GANState, noise_NZ: jax.Array) -> jax.Array:
+        variables = {"params": state.generator_params, "batch_stats": state.generator_batch_stats}
+        return generator.apply(variables, noise_NZ)
+
+    return sample
