@@ -50,7 +50,8 @@ def variables_to_state_dict(params, batch_stats) -> dict[str, np.ndarray]:
                 if name == "num_batches_tracked":
                     array = array.astype(np.int64)
                 state_dict[f"main.{index}.{name}"] = array
-    return dict(sorted(state_dict.items(), key=lambda kv: (int(kv[0].split(".")[1]), kv[0])))
+    order = {name: i for i, name in enumerate(("weight", "bias") + BATCH_STAT_NAMES)}  # PyTorch's order
+    return dict(sorted(state_dict.items(), key=lambda kv: (int(kv[0].split(".")[1]), order.get(kv[0].split(".")[2], 99))))
 
 
 def infer_generator_shape(state_dict: dict[str, np.ndarray]) -> dict:

@@ -20,6 +20,7 @@ from functools import partial
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 _NHWC_HWIO = ("NHWC", "HWIO", "NHWC")
@@ -225,7 +226,9 @@ class BatchNorm2d(nn.Module):
 # --- Binary cross-entropy exactly as nn.BCELoss() -----------------------------------------------
 
 _LOG_CLAMP = -100.0  # PyTorch clamps each log term at -100 so that log(0) stays finite.
-_BCE_BACKWARD_EPS = 1e-12  # PyTorch's backward divides by max(p(1-p), 1e-12).
+# PyTorch's backward divides by max(p(1-p), EPSILON) with EPSILON = 1e-12 declared as a C++ float,
+# so even in float64 the floor is float32(1e-12) = 9.9999999600e-13.
+_BCE_BACKWARD_EPS = float(np.float32(1e-12))
 
 
 @jax.custom_vjp

@@ -55,15 +55,19 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     return optax.adam(config.lr, b1=config.beta1, b2=config.beta2, eps=1e-8)
 
 
-def root_key(config: TrainConfig) -> jax.Array:
-    """The run's one root key; everything random derives from it by ``fold_in``."""
-    return jax.random.key(config.seed)
+# Independent streams of the run's one root key, each reached by ``fold_in``.
+_INIT_STREAM, _FIXED_NOISE_STREAM, _STEP_NOISE_STREAM = 0, 1, 2
+
+
+def root_key(config: TrainConfig, stream: int) -> jax.Array:
+    """A stream of the run's one root key ``key(seed)``; everything random derives from it by ``fold_in``."""
+    return jax.random.fold_in(jax.random.key(config.seed), stream)
 
 
 def init_state(config: TrainConfig, dtype=jnp.float32) -> GANState:
     """Fresh models with the tutorial's ``weights_init`` and fresh Adam states."""
     generator, discriminator = make_models(config)
-    key_g, key_d = jax.random.split(jax.random.fold_in(root_key(config), -1))
+    key_g, key_d = jax.random.split(root_key(config, _INIT_STREAM))
     z = jnp.zeros((2, config.nz), dtype)
     images = jnp.zeros((2, config.image_size, config.image_size, config.nc), dtype)
     generator_vars = generator.init(key_g, z)
@@ -82,12 +86,46 @@ def init_state(config: TrainConfig, dtype=jnp.float32) -> GANState:
 
 def step_noise(config: TrainConfig, step: jax.Array, batch_size: int, dtype=jnp.float32) -> jax.Array:
     """The noise of iteration ``step``: ``fold_in(root, step)``, so a resumed run draws the same noise."""
-    return jax.random.normal(jax.random.fold_in(root_key(config), step), (batch_size, config.nz), dtype)
+    return jax.random.normal(jax.random.fold_in(root_key(config, _STEP_NOISE_STREAM), step), (batch_size, config.nz), dtype)
 
 
 def fixed_noise(config: TrainConfig, num: int = 64) -> jax.Array:
     """The tutorial's ``fixed_noise = randn(64, nz, 1, 1)`` for progress grids."""
-    return jax.random.normal(jax.random.fold_in(root_key(config), -2), (num, config.nz))
+    return jax.random.normal(root_key(config, _FIXED_NOISE_STREAM), (num, config.nz))
+
+
+def discriminate(discriminator: Discriminator, params, batch_stats, images_NHWC):
+    """``netD(images)`` in training mode: (probabilities, updated running statistics)."""
+    probabilities, updates = discriminator.apply(
+        {"params": params, "batch_stats": batch_stats}, images_NHWC, mutable=["batch_stats"]
+    )
+    return probabilities, updates["batch_stats"]
+
+
+def discriminator_loss(discriminator: Discriminator, params, batch_stats, real_NHWC, fake_NHWC, detach: bool = True):
+    """The tutorial's D loss ``errD = errD_real + errD_fake``; returns (errD, (batch_stats, D(x), D(G(z1)))).
+
+    ``detach=True`` applies ``jax.lax.stop_gradient`` to ``fake`` where the tutorial wrote
+    ``netD(fake.detach())``. When only D's parameters are differentiated it changes nothing (no
+    gradient could reach G anyway); it matters when this loss is differentiated with respect to
+    ``fake`` or G's parameters, which it then cuts to exact zeros. ``detach=False`` exists for the
+    lessons that show the difference.
+    """
+    batch_size = real_NHWC.shape[0]
+    output, batch_stats = discriminate(discriminator, params, batch_stats, real_NHWC)
+    err_real = bce_loss(output, jnp.full((batch_size,), REAL_LABEL, output.dtype))
+    d_x = output.mean()
+    fake_input = jax.lax.stop_gradient(fake_NHWC) if detach else fake_NHWC  # PyTorch: fake.detach()
+    output, batch_stats = discriminate(discriminator, params, batch_stats, fake_input)
+    err_fake = bce_loss(output, jnp.full((fake_NHWC.shape[0],), FAKE_LABEL, output.dtype))
+    return err_real + err_fake, (batch_stats, d_x, output.mean())
+
+
+def generator_loss(discriminator: Discriminator, params, batch_stats, fake_NHWC):
+    """The tutorial's G loss ``errG = BCE(netD(fake), 1)``; returns (errG, (batch_stats, D(G(z2))))."""
+    output, batch_stats = discriminate(discriminator, params, batch_stats, fake_NHWC)
+    err_g = bce_loss(output, jnp.full((fake_NHWC.shape[0],), REAL_LABEL, output.dtype))
+    return err_g, (batch_stats, output.mean())
 
 
 def gan_step(config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_NZ: jax.Array) -> tuple[GANState, StepMetrics]:
@@ -109,7 +147,6 @@ def gan_step(config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_N
     """
     generator, discriminator = make_models(config)
     optimizer = make_optimizer(config)
-    batch_size = real_NHWC.shape[0]
 
     def generate(generator_params):
         fake, updates = generator.apply(
@@ -119,41 +156,19 @@ def gan_step(config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_N
 
     fake, generator_vjp, generator_batch_stats = jax.vjp(generate, state.generator_params, has_aux=True)
 
-    def discriminate(discriminator_params, batch_stats, images):
-        probabilities, updates = discriminator.apply(
-            {"params": discriminator_params, "batch_stats": batch_stats}, images, mutable=["batch_stats"]
-        )
-        return probabilities, updates["batch_stats"]
-
     # (1) Update D: maximize log(D(x)) + log(1 - D(G(z))).
-    def discriminator_loss(discriminator_params):
-        output, batch_stats = discriminate(discriminator_params, state.discriminator_batch_stats, real_NHWC)
-        err_real = bce_loss(output, jnp.full((batch_size,), REAL_LABEL, output.dtype))
-        d_x = output.mean()
-        # PyTorch: netD(fake.detach()). Here we differentiate only D's parameters, so no gradient
-        # could reach G anyway; stop_gradient states the intent and cuts the path even if this
-        # function is ever differentiated with respect to `fake` or G's parameters.
-        output, batch_stats = discriminate(discriminator_params, batch_stats, jax.lax.stop_gradient(fake))
-        err_fake = bce_loss(output, jnp.full((batch_size,), FAKE_LABEL, output.dtype))
-        return err_real + err_fake, (batch_stats, d_x, output.mean())  # errD = errD_real + errD_fake
-
     (loss_d, (discriminator_batch_stats, d_x, d_g_z1)), discriminator_grads = jax.value_and_grad(
-        discriminator_loss, has_aux=True
-    )(state.discriminator_params)
+        discriminator_loss, argnums=1, has_aux=True
+    )(discriminator, state.discriminator_params, state.discriminator_batch_stats, real_NHWC, fake)
     updates, discriminator_opt_state = optimizer.update(
         discriminator_grads, state.discriminator_opt_state, state.discriminator_params
     )
     discriminator_params = optax.apply_updates(state.discriminator_params, updates)
 
     # (2) Update G: maximize log(D(G(z))), through the updated D, on the same `fake`.
-    def generator_loss_of_fake(fake_images):
-        output, batch_stats = discriminate(discriminator_params, discriminator_batch_stats, fake_images)
-        err_g = bce_loss(output, jnp.full((batch_size,), REAL_LABEL, output.dtype))
-        return err_g, (batch_stats, output.mean())
-
     (loss_g, (discriminator_batch_stats, d_g_z2)), fake_cotangent = jax.value_and_grad(
-        generator_loss_of_fake, has_aux=True
-    )(fake)
+        generator_loss, argnums=3, has_aux=True
+    )(discriminator, discriminator_params, discriminator_batch_stats, fake)
     (generator_grads,) = generator_vjp(fake_cotangent)
     updates, generator_opt_state = optimizer.update(generator_grads, state.generator_opt_state, state.generator_params)
     generator_params = optax.apply_updates(state.generator_params, updates)

@@ -1,0 +1,203 @@
+"""The training loop around the pure step: data, progress, logs, pictures, checkpoints, resume.
+
+All I/O lives here; :mod:`functional_gan.train` stays pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from functional_gan import checkpoints, plots
+from functional_gan.config import ConfigError, TrainConfig
+from functional_gan.data import DataError, ImageDataset, load_dataset
+from functional_gan.models import count_params
+from functional_gan.train import GANState, StepMetrics, fixed_noise, init_state, make_sampler, make_train_step
+
+METRIC_NAMES = StepMetrics._fields
+
+
+class NonFiniteLossError(RuntimeError):
+    """A loss or metric became NaN or infinite; training stopped and nothing after it was saved."""
+
+    def __init__(self, step: int, metrics: dict, last_checkpoint: int | None, directory: Path):
+        self.step, self.metrics, self.last_checkpoint = step, metrics, last_checkpoint
+        kept = (
+            f"the last good checkpoint (iteration {last_checkpoint}) in {directory} is kept"
+            if last_checkpoint is not None
+            else "no checkpoint had been saved yet"
+        )
+        values = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+        super().__init__(f"non-finite loss at iteration {step} ({values}); training stopped; {kept}")
+
+
+@dataclasses.dataclass
+class RunResult:
+    state: GANState
+    first_step: int  # the step this invocation started from (0, or the resumed checkpoint's)
+    last_step: int
+    out_dir: Path
+    compile_seconds: float | None
+
+
+def describe_backend() -> str:
+    devices = jax.devices()
+    return f"JAX {jax.__version__} backend: {jax.default_backend()}; devices: {', '.join(str(d) for d in devices)}"
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    """On resume, drop logged iterations beyond the checkpoint (they will be recomputed identically)."""
+    records = [r for r in _read_metrics(path) if r["step"] <= last_step]
+    with path.open("w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+
+
+def train(
+    config: TrainConfig,
+    out_dir: str | Path,
+    dataset: ImageDataset | None = None,
+    progress: bool = True,
+    print_fn: Callable[[str], None] = print,
+) -> RunResult:
+    """Train (or resume) a DCGAN run in ``out_dir``.
+
+    The folder receives ``config.json``, ``metrics.jsonl`` (one line per iteration),
+    ``training_images.png``, ``samples/iter_NNNNNN.png`` (fixed-noise grids), ``progress.gif``,
+    ``loss.png``, ``real_vs_fake.png`` and orbax checkpoints in ``checkpoints/``. A later call on the
+    same folder resumes from the newest checkpoint and reproduces the uninterrupted run exactly.
+
+    Raises:
+      ConfigError, DataError: before any work is done.
+      NonFiniteLossError: a loss became NaN/inf; the last good checkpoint is kept.
+    """
+    config.validate()
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} exists and is not a folder")
+    if dataset is None:
+        dataset = load_dataset(config.data, config.image_size, config.nc, progress=progress)
+    if dataset.skipped_files:
+        print_fn(f"Skipped {len(dataset.skipped_files)} unreadable image file(s), e.g. {dataset.skipped_files[0]}")
+    if dataset.images_NHWC.shape[1:] != (config.image_size, config.image_size, config.nc):
+        raise DataError(f"dataset images have shape {dataset.images_NHWC.shape[1:]}, the model expects "
+                        f"{(config.image_size, config.image_size, config.nc)}")
+    per_epoch = dataset.steps_per_epoch(config.batch_size)
+    if per_epoch == 0:
+        raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {config.batch_size}; "
+                        "lower --batch-size or add images")
+    total_steps = config.steps if config.steps is not None else config.epochs * per_epoch
+    num_epochs = math.ceil(total_steps / per_epoch)
+
+    out.mkdir(parents=True, exist_ok=True)
+    print_fn(f"Random Seed: {config.seed}")
+    print_fn(describe_backend())
+    manager = checkpoints.checkpoint_manager(out / "checkpoints")
+    latest = manager.latest_step()
+    if latest is not None:
+        saved = checkpoints.saved_config(manager, latest)
+        problems = config.incompatibilities(saved)
+        if problems:
+            raise ConfigError(
+                f"{out} holds a run with other settings; use another --out or the same settings:\n  " + "\n  ".join(problems)
+            )
+        state = checkpoints.restore(manager, config, latest)
+        print_fn(f"Resuming from the checkpoint at iteration {latest} in {out / 'checkpoints'}")
+    else:
+        state = init_state(config)
+    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    print_fn(
+        f"Generator: {count_params(state.generator_params):,} parameters; "
+        f"Discriminator: {count_params(state.discriminator_params):,} parameters"
+    )
+    print_fn(f"Data: {dataset.name}, {len(dataset)} images, {per_epoch} iterations per epoch (batch {config.batch_size})")
+
+    metrics_path = out / "metrics.jsonl"
+    first_step = int(jax.device_get(state.step))
+    _truncate_metrics(metrics_path, first_step)
+    sampler = make_sampler(config)
+    noise = fixed_noise(config)
+    samples_dir = out / "samples"
+    if first_step == 0:
+        plots.save_grid(dataset.batch(config.seed, 0, min(64, config.batch_size)), out / "training_images.png")
+
+    train_step = make_train_step(config)
+    compile_seconds = None
+    if first_step < total_steps:
+        print_fn("Starting Training Loop...")
+        start = time.perf_counter()
+        train_step = train_step.lower(state, dataset.batch(config.seed, first_step, config.batch_size)).compile()
+        compile_seconds = time.perf_counter() - start
+        print_fn(f"Compiled the training step in {compile_seconds:.1f} s")
+
+    last_checkpoint = latest
+
+    def record(step_done: int, metrics: StepMetrics, log_file) -> dict:
+        values = {name: float(v) for name, v in zip(METRIC_NAMES, jax.device_get(metrics))}
+        if not all(math.isfinite(v) for v in values.values()):
+            raise NonFiniteLossError(step_done, values, last_checkpoint, out / "checkpoints")
+        epoch, index = divmod(step_done - 1, per_epoch)
+        log_file.write(json.dumps({"step": step_done, "epoch": epoch, **values}) + "\n")
+        if step_done % config.log_every == 0 or step_done == total_steps:
+            tqdm.write(
+                f"[{epoch}/{num_epochs}][{index}/{per_epoch}]\tLoss_D: {values['loss_d']:.4f}\tLoss_G: {values['loss_g']:.4f}"
+                f"\tD(x): {values['d_x']:.4f}\tD(G(z)): {values['d_g_z1']:.4f} / {values['d_g_z2']:.4f}"
+            )
+        return values
+
+    pending = None  # (step_done, metrics) not yet fetched: read after the next step is launched
+    try:
+        with metrics_path.open("a") as log_file, tqdm(
+            total=total_steps, initial=min(first_step, total_steps), desc="training", unit="it", disable=not progress
+        ) as bar:
+            for step in range(first_step, total_steps):
+                batch = dataset.batch(config.seed, step, config.batch_size)
+                state, metrics = train_step(state, batch)
+                if pending is not None:
+                    record(*pending, log_file)
+                pending = (step + 1, metrics)
+                bar.update(1)
+                step_done = step + 1
+                at_sample = step_done % config.sample_every == 0 or step_done == total_steps
+                at_checkpoint = step_done % config.checkpoint_every == 0 or step_done == total_steps
+                if at_sample or at_checkpoint:
+                    values = record(*pending, log_file)  # checked finite before anything is saved
+                    pending = None
+                    bar.set_postfix(loss_d=f"{values['loss_d']:.3f}", loss_g=f"{values['loss_g']:.3f}")
+                    if at_sample:
+                        plots.save_grid(np.asarray(sampler(state, noise)), samples_dir / f"iter_{step_done:06d}.png")
+                    if at_checkpoint:
+                        log_file.flush()
+                        last_checkpoint = checkpoints.save(manager, state, config)
+            if pending is not None:
+                record(*pending, log_file)
+    finally:
+        manager.wait_until_finished()
+
+    _write_figures(config, out, dataset, state, sampler, noise)
+    return RunResult(state, first_step, int(jax.device_get(state.step)), out, compile_seconds)
+
+
+def _write_figures(config, out: Path, dataset: ImageDataset, state, sampler, noise) -> None:
+    records = _read_metrics(out / "metrics.jsonl")
+    if records:
+        plots.save_loss_plot([r["loss_g"] for r in records], [r["loss_d"] for r in records], out / "loss.png")
+    grids = sorted((out / "samples").glob("iter_*.png"))
+    plots.save_progress_gif(grids, out / "progress.gif")
+    real = dataset.batch(config.seed, 0, min(64, config.batch_size))
+    plots.save_real_vs_fake(real, np.asarray(sampler(state, noise)), out / "real_vs_fake.png")

@@ -1,0 +1,194 @@
+"""Each layer against PyTorch: forward values and gradients, float64 (exact) and float32.
+
+Tolerances: float64 1e-12 (both frameworks compute the same sums; only summation order differs,
+measured ≤ 1e-14); float32 relative 1e-5 (rounding of ~1e3-term sums).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from functional_gan.layers import (
+    BatchNorm2d,
+    bce_loss,
+    conv2d,
+    conv_transpose2d,
+    conv_transpose2d_reference,
+)
+from tests.helpers import nchw_to_nhwc, nhwc_to_nchw
+
+CONV_CASES = [  # (in, out, kernel, stride, padding, input size): the tutorial's layer kinds
+    (5, 3, 4, 1, 0, 1),  # G's first layer: 1×1 → 4×4, or D's last 4×4 → 1×1
+    (4, 6, 4, 2, 1, 5),  # the stride-2 blocks
+    (3, 2, 3, 2, 0, 6),  # odd kernel, no padding
+]
+
+
+def _torch_grads(fn, x, w, cotangent):
+    tx = torch.tensor(x, requires_grad=True)
+    tw = torch.tensor(w, requires_grad=True)
+    ty = fn(tx, tw)
+    ty.backward(torch.tensor(cotangent))
+    return ty.detach().numpy(), tx.grad.numpy(), tw.grad.numpy()
+
+
+def _jax_grads(fn, x_NHWC, w, cotangent_NHWC):
+    y, vjp = jax.vjp(fn, jnp.asarray(x_NHWC), jnp.asarray(w))
+    dx, dw = vjp(jnp.asarray(cotangent_NHWC))
+    return np.asarray(y), np.asarray(dx), np.asarray(dw)
+
+
+@pytest.mark.parametrize("dtype,rtol,atol", [(np.float64, 1e-12, 1e-12), (np.float32, 1e-5, 1e-5)])
+@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("transposed_impl", [conv_transpose2d, conv_transpose2d_reference])
+def test_conv_transpose2d_matches_torch(case, dtype, rtol, atol, transposed_impl):
+    cin, cout, k, s, p, size = case
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, cin, size, size)).astype(dtype)
+    w = rng.normal(size=(cin, cout, k, k)).astype(dtype)  # PyTorch's ConvTranspose2d layout
+    expected_shape = (2, cout, (size - 1) * s - 2 * p + k, (size - 1) * s - 2 * p + k)
+    cotangent = rng.normal(size=expected_shape).astype(dtype)
+    with jax.enable_x64(dtype == np.float64):
+        y, dx, dw = _jax_grads(lambda a, b: transposed_impl(a, b, s, p), nchw_to_nhwc(x), w, nchw_to_nhwc(cotangent))
+    ty, tdx, tdw = _torch_grads(lambda a, b: torch.nn.functional.conv_transpose2d(a, b, stride=s, padding=p), x, w, cotangent)
+    assert y.dtype == dtype and ty.shape == expected_shape
+    np.testing.assert_allclose(nhwc_to_nchw(y), ty, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(nhwc_to_nchw(dx), tdx, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(dw, tdw, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype,rtol,atol", [(np.float64, 1e-12, 1e-12), (np.float32, 1e-5, 1e-5)])
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv2d_matches_torch(case, dtype, rtol, atol):
+    cin, cout, k, s, p, size = case
+    size = size + 6  # a regular conv needs room to shrink
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, cin, size, size)).astype(dtype)
+    w = rng.normal(size=(cout, cin, k, k)).astype(dtype)  # PyTorch's Conv2d layout
+    out = (size + 2 * p - k) // s + 1
+    cotangent = rng.normal(size=(2, cout, out, out)).astype(dtype)
+    with jax.enable_x64(dtype == np.float64):
+        y, dx, dw = _jax_grads(lambda a, b: conv2d(a, b, s, p), nchw_to_nhwc(x), w, nchw_to_nhwc(cotangent))
+    ty, tdx, tdw = _torch_grads(lambda a, b: torch.nn.functional.conv2d(a, b, stride=s, padding=p), x, w, cotangent)
+    np.testing.assert_allclose(nhwc_to_nchw(y), ty, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(nhwc_to_nchw(dx), tdx, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(dw, tdw, rtol=rtol, atol=atol)
+
+
+def test_custom_vjp_equals_autodiff_of_the_dilated_convolution():
+    """The hand-written VJP and JAX's own derivative of the same forward agree (float64)."""
+    rng = np.random.default_rng(2)
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.normal(size=(3, 4, 4, 6)))
+        w = jnp.asarray(rng.normal(size=(6, 5, 4, 4)))
+        loss = lambda f: (lambda a, b: jnp.sum(jnp.sin(f(a, b, 2, 1))))  # noqa: E731
+        ours = jax.grad(loss(conv_transpose2d), argnums=(0, 1))(x, w)
+        autodiff = jax.grad(loss(conv_transpose2d_reference), argnums=(0, 1))(x, w)
+    for a, b in zip(ours, autodiff):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _batchnorm_torch(x, weight, bias, running_mean, running_var, training):
+    bn = torch.nn.BatchNorm2d(x.shape[1]).to(torch.float64)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor(weight))
+        bn.bias.copy_(torch.tensor(bias))
+        bn.running_mean.copy_(torch.tensor(running_mean))
+        bn.running_var.copy_(torch.tensor(running_var))
+    bn.train(training)
+    return bn
+
+
+@pytest.mark.parametrize("forwards", [1, 3])
+def test_batchnorm_training_mode_matches_torch(forwards):
+    rng = np.random.default_rng(3)
+    c = 4
+    weight, bias = rng.normal(1, 0.1, c), rng.normal(0, 0.1, c)
+    running_mean, running_var = rng.normal(size=c), rng.uniform(0.5, 2, c)
+    bn_torch = _batchnorm_torch(np.zeros((1, c, 1, 1)), weight, bias, running_mean, running_var, training=True)
+    module = BatchNorm2d(c)
+    with jax.enable_x64(True):
+        variables = {
+            "params": {"weight": jnp.asarray(weight), "bias": jnp.asarray(bias)},
+            "batch_stats": {
+                "running_mean": jnp.asarray(running_mean),
+                "running_var": jnp.asarray(running_var),
+                "num_batches_tracked": jnp.zeros((), jnp.int32),
+            },
+        }
+        for i in range(forwards):  # several forwards: running statistics compound as in PyTorch
+            x = rng.normal(2.0, 3.0, size=(5, c, 3, 3))
+            cotangent = rng.normal(size=x.shape)
+            tx = torch.tensor(x, requires_grad=True)
+            ty = bn_torch(tx)
+            ty.backward(torch.tensor(cotangent))
+
+            def forward(params, x_NHWC, stats=variables["batch_stats"]):
+                return module.apply({"params": params, "batch_stats": stats}, x_NHWC, mutable=["batch_stats"])
+
+            (y, updates), vjp = jax.vjp(lambda p, a: forward(p, a), variables["params"], jnp.asarray(nchw_to_nhwc(x)))
+            zero_stats = jax.tree_util.tree_map(jnp.zeros_like, updates)
+            dparams, dx = vjp((jnp.asarray(nchw_to_nhwc(cotangent)), zero_stats))
+            variables["batch_stats"] = updates["batch_stats"]
+            np.testing.assert_allclose(nhwc_to_nchw(y), ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(nhwc_to_nchw(dx), tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(dparams["weight"], bn_torch.weight.grad.numpy(), rtol=1e-11, atol=1e-12)
+            np.testing.assert_allclose(dparams["bias"], bn_torch.bias.grad.numpy(), rtol=1e-11, atol=1e-12)
+            bn_torch.zero_grad()
+        stats = variables["batch_stats"]
+        np.testing.assert_allclose(stats["running_mean"], bn_torch.running_mean.numpy(), rtol=1e-13, atol=1e-14)
+        # PyTorch tracks the *unbiased* variance: a biased running_var would fail here by a factor n/(n-1).
+        np.testing.assert_allclose(stats["running_var"], bn_torch.running_var.numpy(), rtol=1e-13, atol=1e-14)
+        assert int(stats["num_batches_tracked"]) == int(bn_torch.num_batches_tracked) == forwards
+
+
+def test_batchnorm_eval_mode_uses_running_statistics_like_torch():
+    rng = np.random.default_rng(4)
+    c = 3
+    weight, bias = rng.normal(1, 0.1, c), rng.normal(0, 0.1, c)
+    running_mean, running_var = rng.normal(size=c), rng.uniform(0.5, 2, c)
+    x = rng.normal(size=(2, c, 4, 4))
+    bn_torch = _batchnorm_torch(x, weight, bias, running_mean, running_var, training=False)
+    with jax.enable_x64(True):
+        y = BatchNorm2d(c, use_running_average=True).apply(
+            {
+                "params": {"weight": weight, "bias": bias},
+                "batch_stats": {"running_mean": running_mean, "running_var": running_var, "num_batches_tracked": 0},
+            },
+            jnp.asarray(nchw_to_nhwc(x)),
+        )
+    np.testing.assert_allclose(nhwc_to_nchw(y), bn_torch(torch.tensor(x)).detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
+# p values covering the interior, the -100 clamp (p exactly 0 or 1) and float32 saturation:
+# sigmoid(20) == 1.0 and sigmoid(-104) == 0.0 in float32.
+BCE_PROBABILITIES = [0.3, 0.9, 1e-3, 0.999, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("label", [0.0, 1.0])
+def test_bce_matches_torch_including_saturation(dtype, label):
+    p = np.array(BCE_PROBABILITIES, dtype=dtype)
+    y = np.full_like(p, label)
+    tp = torch.tensor(p, requires_grad=True)
+    loss_torch = torch.nn.BCELoss()(tp, torch.tensor(y))
+    loss_torch.backward()
+    with jax.enable_x64(dtype == np.float64):
+        loss, grad = jax.value_and_grad(bce_loss)(jnp.asarray(p), jnp.asarray(y))
+    assert np.all(np.isfinite(grad)), "the backward must stay finite when p is exactly 0 or 1"
+    tol = 1e-12 if dtype == np.float64 else 1e-6
+    np.testing.assert_allclose(float(loss), loss_torch.item(), rtol=tol)
+    np.testing.assert_allclose(np.asarray(grad), tp.grad.numpy(), rtol=tol, atol=0)
+
+
+def test_bce_gradient_through_saturated_sigmoid_is_finite_and_matches_torch():
+    """The tutorial's Sigmoid → BCELoss chain with logits past float32 saturation (p == 1.0)."""
+    logits = np.array([25.0, 18.0, -30.0, 0.5], np.float32)
+    labels = np.array([0.0, 0.0, 1.0, 1.0], np.float32)
+    t_logits = torch.tensor(logits, requires_grad=True)
+    torch.nn.BCELoss()(torch.sigmoid(t_logits), torch.tensor(labels)).backward()
+    grad = jax.grad(lambda z: bce_loss(jax.nn.sigmoid(z), jnp.asarray(labels)))(jnp.asarray(logits))
+    assert np.all(np.isfinite(grad))
+    np.testing.assert_allclose(np.asarray(grad), t_logits.grad.numpy(), rtol=1e-6, atol=1e-12)
