@@ -90,6 +90,109 @@ def _run_sample(args) -> int:
     return 0
 
 
+def _add_linreg_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "linreg", help="the book's linear regression: NumPy, jax.grad, optax.sgd, Flax nn.Dense (and PyTorch with --torch)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--float64", action="store_true", help="run the JAX trainers in float64 (jax_enable_x64)")
+    p.add_argument("--torch", action="store_true", help="also run the PyTorch variants (needs the torch extra)")
+    p.set_defaults(handler=_run_linreg)
+
+
+def _run_linreg(args) -> int:
+    import jax
+    import jax.numpy as jnp
+
+    from functional_gan import linreg
+
+    data = linreg.make_data()
+    b0, w0 = linreg.initial_parameters()
+    b_grad, w_grad = linreg.numpy_gradients(b0, w0, data.x_train, data.y_train)
+    print(f"Book's data: {len(data.x_train)} training / {len(data.x_val)} validation points; start b = {b0:.8f}, "
+          f"w = {w0:.8f}; first gradients {b_grad:.4f}, {w_grad:.4f}; lr {linreg.LEARNING_RATE}, {linreg.EPOCHS} epochs")
+    with jax.enable_x64(args.float64):
+        results = linreg.run_all(jnp.float64 if args.float64 else jnp.float32)
+    if args.torch:
+        import torch
+
+        from comparisons import torch_linreg
+
+        dtype = torch.float64 if args.float64 else torch.float32
+        results += [trainer(data, dtype=dtype) for trainer in torch_linreg.TORCH_TRAINERS]
+    print(linreg.format_results(results))
+    print("The book: NumPy b = 1.02354094, w = 1.96896411; PyTorch b = 1.0235, w = 1.9690")
+    return 0
+
+
+def _add_lessons_parser(subparsers) -> None:
+    from functional_gan.lessons import LESSONS
+
+    p = subparsers.add_parser(
+        "lessons", help="the autograd lessons, PyTorch and JAX side by side",
+        description="Runs each lesson's PyTorch half and JAX half and prints both. Lessons: " + ", ".join(LESSONS),
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"lessons to run (default: all): {', '.join(LESSONS)}")
+    p.add_argument("--markdown", metavar="FILE", help="also write the lessons' documentation page (code, output, why)")
+    p.add_argument("--full-size", action="store_true",
+                   help="for 'compiled': the tutorial's 64x64 nets at batch 128 instead of tiny ones")
+    p.set_defaults(handler=_run_lessons)
+
+
+def _run_lessons(args) -> int:
+    from functional_gan import lessons
+
+    names = args.names or list(lessons.LESSONS)
+    unknown = [n for n in names if n not in lessons.LESSONS]
+    if unknown:
+        raise ValueError(f"unknown lesson(s) {', '.join(unknown)}; choose from {', '.join(lessons.LESSONS)}")
+    results = []
+    for name in names:
+        result = lessons.run_lesson(name)
+        if name == "compiled" and args.full_size:
+            table = lessons.compiled_cost_table(lessons.FULL_SIZE_GAN_CONFIG)
+            result.pytorch, result.jax = table["pytorch"], table["jax"]
+        results.append(result)
+        print(lessons.format_result(result), end="\n\n", flush=True)
+    if args.markdown:
+        path = Path(args.markdown)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(lessons.to_markdown(results))
+        print(f"Wrote {path}")
+    return 0
+
+
+def _add_graph_parser(subparsers) -> None:
+    from functional_gan.graph import GRAPH_SETS
+
+    p = subparsers.add_parser(
+        "graph", help="draw computations as graphs: the jaxpr with its stop_gradient cut, and PyTorch's autograd graph",
+        description="Writes DOT files (and SVG/PNG when Graphviz's dot is installed). "
+        "'dstep' is the DCGAN's D loss, with G's side visibly cut.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("which", nargs="*", default=list(GRAPH_SETS), metavar="WHICH", help=f"any of {', '.join(GRAPH_SETS)}")
+    p.add_argument("--out", default="runs/graphs", help="folder for the files")
+    p.set_defaults(handler=_run_graph)
+
+
+def _run_graph(args) -> int:
+    import shutil
+
+    from functional_gan.graph import GRAPH_SETS, write_dot
+
+    unknown = [w for w in args.which if w not in GRAPH_SETS]
+    if unknown:
+        raise ValueError(f"unknown graph(s) {', '.join(unknown)}; choose from {', '.join(GRAPH_SETS)}")
+    for which in args.which:
+        for name, source in GRAPH_SETS[which]().items():
+            written = write_dot(source, Path(args.out) / f"{name}.dot")
+            print("wrote " + ", ".join(str(p) for p in written))
+    if not shutil.which("dot"):
+        print("Graphviz's dot is not installed: only DOT files were written (apt-get install graphviz to render them)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="functional-gan",
@@ -98,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train_parser(subparsers)
     _add_sample_parser(subparsers)
+    _add_linreg_parser(subparsers)
+    _add_lessons_parser(subparsers)
+    _add_graph_parser(subparsers)
     return parser
 
 
