@@ -115,7 +115,7 @@ def make_optimizers(net_g, net_d, lr=2e-4, beta1=0.5):
 
 def state_dict_numpy(module: nn.Module) -> dict[str, np.ndarray]:
     """A module's state_dict as NumPy arrays (what :mod:`functional_gan.convert` consumes)."""
-    return {key: value.detach().cpu().numpy() for key, value in module.state_dict().items()}
+    return {key: value.detach().cpu().numpy().copy() for key, value in module.state_dict().items()}  # a copy: training mutates the tensors in place
 
 
 def load_state_dict_numpy(module: nn.Module, arrays: dict[str, np.ndarray]) -> None:

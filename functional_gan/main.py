@@ -193,6 +193,47 @@ def _run_graph(args) -> int:
     return 0
 
 
+def _add_replay_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "replay", help="replay a PyTorch DCGAN run step by step in JAX (state_dicts + the run's batches)",
+        description="Reads the tutorial models' state_dicts (.pt/.pth via torch.load(weights_only=True), or "
+        ".safetensors) and an .npz with 'real' (steps, batch, nc, H, W) and 'noise' (steps, batch, nz, 1, 1), "
+        "runs the tutorial's iterations in JAX and writes per-step metrics (loss_d, loss_g, d_x, d_g_z1, d_g_z2).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--generator", required=True, help="netG state_dict file")
+    p.add_argument("--discriminator", required=True, help="netD state_dict file")
+    p.add_argument("--batches", required=True, help=".npz with 'real' and 'noise', NCHW as in PyTorch")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--lr", type=float, default=DEFAULTS.lr)
+    p.add_argument("--beta1", type=float, default=DEFAULTS.beta1)
+    p.add_argument("--out", required=True, help=".npz file for the per-step metrics")
+    p.add_argument("--out-generator", help="write the final netG state_dict here (.pt or .safetensors)")
+    p.add_argument("--out-discriminator", help="write the final netD state_dict here (.pt or .safetensors)")
+    p.set_defaults(handler=_run_replay)
+
+
+def _run_replay(args) -> int:
+    from functional_gan import convert
+    from functional_gan.replay import load_batches, replay, save_metrics
+
+    generator_sd = convert.load_state_dict_file(args.generator)
+    discriminator_sd = convert.load_state_dict_file(args.discriminator)
+    real, noise = load_batches(args.batches)
+    result = replay(generator_sd, discriminator_sd, real, noise, args.dtype, args.lr, args.beta1)
+    save_metrics(result, args.out)
+    if args.out_generator:
+        convert.save_state_dict_file(result.generator_state_dict, args.out_generator)
+    if args.out_discriminator:
+        convert.save_state_dict_file(result.discriminator_state_dict, args.out_discriminator)
+    m = result.metrics
+    print(f"Replayed {len(m['loss_d'])} steps in {args.dtype} (image {result.config.image_size}, nz {result.config.nz}, "
+          f"ngf {result.config.ngf}, ndf {result.config.ndf}); last step: Loss_D {m['loss_d'][-1]:.4f}  "
+          f"Loss_G {m['loss_g'][-1]:.4f}  D(x) {m['d_x'][-1]:.4f}  D(G(z)) {m['d_g_z1'][-1]:.4f} / {m['d_g_z2'][-1]:.4f}")
+    print(f"Wrote {args.out}" + "".join(f", {p}" for p in (args.out_generator, args.out_discriminator) if p))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="functional-gan",
@@ -204,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_linreg_parser(subparsers)
     _add_lessons_parser(subparsers)
     _add_graph_parser(subparsers)
+    _add_replay_parser(subparsers)
     return parser
 
 
@@ -213,11 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     from functional_gan.convert import CheckpointFormatError
     from functional_gan.data import DataError
     from functional_gan.loop import NonFiniteLossError
+    from functional_gan.replay import ReplayInputError
 
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, DataError, CheckpointError, CheckpointFormatError, NonFiniteLossError, ValueError) as error:
+    except (ConfigError, DataError, CheckpointError, CheckpointFormatError, NonFiniteLossError, ReplayInputError, ValueError) as error:
         print(f"functional-gan {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,206 @@
+"""The checks of the comparison suite: each compares JAX numbers with a PyTorch reference run.
+
+Every check returns a :class:`CheckResult` (the tolerance, the measured maximum difference, and
+curves for the report). The tests in this folder assert them; ``functional-gan compare`` prints
+them as a table with plots.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+
+from comparisons import reference_runs, torch_linreg
+from comparisons.common import METRICS, CheckResult, RunSpec, compare_trajectory
+from functional_gan import convert, layers, linreg
+from functional_gan.replay import config_from_state_dicts, replay, state_from_state_dicts
+from functional_gan.train import gan_step, make_optimizer
+
+# --- float64 trajectories ----------------------------------------------------------------------
+
+
+def check_float64_trajectory(spec: RunSpec, name: str, torch_run=None, tolerance: float = 1e-10) -> CheckResult:
+    """Every metric of every step, and every final parameter and running statistic, within ``tolerance``."""
+    run = torch_run or reference_runs.run_tutorial(spec, "float64")
+    return compare_trajectory(
+        name, spec, run.initial_generator, run.initial_discriminator, run.metrics, run.final_generator, run.final_discriminator, tolerance
+    )
+
+
+def check_linreg(dtype_name: str = "float64") -> CheckResult:
+    """The four PyTorch linear regressions against the JAX trainers."""
+    data = linreg.make_data()
+    x64 = dtype_name == "float64"
+    tolerance = 1e-12 if x64 else 1e-5
+    with jax.enable_x64(x64):
+        jax_results = [t(data, dtype=jnp.float64 if x64 else jnp.float32) for t in linreg.JAX_TRAINERS]
+    torch_results = [t(data, dtype=torch.float64 if x64 else torch.float32) for t in torch_linreg.TORCH_TRAINERS]
+    measured = max(max(abs(j.b - t.b), abs(j.w - t.w)) for j in jax_results for t in torch_results)
+    return CheckResult(
+        f"linear regression, {dtype_name}: 3 JAX trainers × 4 PyTorch variants",
+        f"max |Δb|, |Δw| ≤ {tolerance:g}", measured, measured <= tolerance,
+        f"JAX b = {jax_results[0].b:.8f}, w = {jax_results[0].w:.8f}; PyTorch b = {torch_results[0].b:.8f}, w = {torch_results[0].w:.8f}",
+    )
+
+
+# --- float32: teacher forcing and free-running drift ----------------------------------------------
+
+
+def _adam_state_from_torch(config, params, adam_by_name: dict, dtype):
+    """optax.adam's state holding PyTorch's Adam moments (exp_avg → mu, exp_avg_sq → nu, step → count)."""
+    optimizer = make_optimizer(config)
+    state = optimizer.init(params)
+    mu = convert.state_dict_to_variables({k: v["exp_avg"] for k, v in adam_by_name.items()})["params"]
+    nu = convert.state_dict_to_variables({k: v["exp_avg_sq"] for k, v in adam_by_name.items()})["params"]
+    steps = {v["step"] for v in adam_by_name.values()}
+    assert len(steps) == 1, "all parameters share Adam's step count"
+    adam = state[0]._replace(
+        count=jnp.asarray(steps.pop(), jnp.int32),
+        mu=jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype), mu),
+        nu=jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype), nu),
+    )
+    return (adam,) + tuple(state[1:])
+
+
+def state_from_snapshot(config, snapshot: dict, dtype=jnp.float32):
+    """The whole training state of PyTorch at some step (weights, running statistics, Adam) as a GANState."""
+    state = state_from_state_dicts(config, snapshot["generator"], snapshot["discriminator"], dtype)
+    if snapshot["generator_adam"]:
+        state = state.replace(
+            generator_opt_state=_adam_state_from_torch(config, state.generator_params, snapshot["generator_adam"], dtype),
+            discriminator_opt_state=_adam_state_from_torch(config, state.discriminator_params, snapshot["discriminator_adam"], dtype),
+        )
+    return state
+
+
+def check_teacher_forced_float32(spec: RunSpec, torch_run=None, steps: list[int] | None = None) -> CheckResult:
+    """From PyTorch's state at each step t, one JAX step must reproduce PyTorch's step t.
+
+    Metrics: relative difference ≤ 1e-5. Parameters: Adam turns a rounding-level gradient
+    difference on an element whose moments are ~0 into an update difference of up to 2·lr
+    (NOTES-parity), so the bound is |Δp| ≤ 2·lr; running statistics ≤ 1e-5 relative.
+    """
+    run = torch_run or reference_runs.run_tutorial(spec, "float32", record_snapshots=True)
+    real, noise = reference_runs.make_batches(spec)
+    config = config_from_state_dicts(run.initial_generator, run.initial_discriminator, spec.batch_size, spec.lr, spec.beta1)
+    step = jax.jit(lambda s, r, n: gan_step(config, s, r, n))
+    metric_rel, param_abs, stats_rel = [], [], []
+    indices = steps if steps is not None else range(spec.steps)
+    for t in indices:
+        state = state_from_snapshot(config, run.snapshots[t])
+        new_state, metrics = step(
+            state, jnp.asarray(real[t].transpose(0, 2, 3, 1), jnp.float32), jnp.asarray(noise[t, :, :, 0, 0], jnp.float32)
+        )
+        ours = np.array(jax.device_get(metrics), np.float64)
+        theirs = np.array([run.metrics[k][t] for k in METRICS])
+        metric_rel.append(float(np.max(np.abs(ours - theirs) / np.maximum(np.abs(theirs), 1e-12))))
+        target = run.snapshots[t + 1]
+        p_diff, s_diff = 0.0, 0.0
+        for params, stats, reference in (
+            (new_state.generator_params, new_state.generator_batch_stats, target["generator"]),
+            (new_state.discriminator_params, new_state.discriminator_batch_stats, target["discriminator"]),
+        ):
+            sd = convert.variables_to_state_dict(params, stats)
+            for key, value in reference.items():
+                if key.endswith("num_batches_tracked"):
+                    continue
+                diff = np.abs(np.asarray(sd[key], np.float64) - value)
+                if key.endswith(("running_mean", "running_var")):
+                    s_diff = max(s_diff, float(np.max(diff / np.maximum(np.abs(value), 1e-3))))
+                else:
+                    p_diff = max(p_diff, float(np.max(diff)))
+        param_abs.append(p_diff)
+        stats_rel.append(s_diff)
+    bound = 2 * spec.lr
+    passed = max(metric_rel) <= 1e-5 and max(param_abs) <= bound and max(stats_rel) <= 1e-5
+    return CheckResult(
+        f"float32 teacher forcing, {len(metric_rel)} steps of a {spec.steps}-step PyTorch run",
+        f"metrics rel ≤ 1e-5; params |Δ| ≤ 2·lr = {bound:g}; running stats rel ≤ 1e-5", max(metric_rel), passed,
+        f"worst: metrics rel {max(metric_rel):.2e}, params {max(param_abs):.2e}, running stats rel {max(stats_rel):.2e}",
+        {"metric_rel": np.array(metric_rel), "param_abs": np.array(param_abs), "stats_rel": np.array(stats_rel)},
+    )
+
+
+def report_free_running_float32(spec: RunSpec, torch_run=None) -> CheckResult:
+    """float32 trajectories of both frameworks from the same start: the drift, reported as a curve (not asserted)."""
+    run = torch_run or reference_runs.run_tutorial(spec, "float32")
+    real, noise = reference_runs.make_batches(spec)
+    ours = replay(run.initial_generator, run.initial_discriminator, real, noise, "float32", spec.lr, spec.beta1)
+    per_step = np.max([np.abs(ours.metrics[k] - run.metrics[k]) for k in METRICS], axis=0)
+    return CheckResult(
+        f"float32 free-running drift over {spec.steps} steps", "reported, not asserted (rounding is amplified: chaos)",
+        float(per_step.max()), None,
+        f"max |Δ metric| at step 1: {per_step[0]:.1e}, step 10: {per_step[min(9, len(per_step) - 1)]:.1e}, "
+        f"last: {per_step[-1]:.1e}",
+        {"per_step_max_abs": per_step, "torch": run.metrics, "jax": ours.metrics},
+    )
+
+
+# --- layers and gradient stopping --------------------------------------------------------------------
+
+
+def check_layers() -> CheckResult:
+    """Forward and gradients of every layer kind against torch.nn.functional, float64."""
+    rng = np.random.default_rng(0)
+    worst = {}
+    with jax.enable_x64(True):
+        x = rng.normal(size=(2, 6, 8, 8))
+        cases = {
+            "conv2d k4 s2 p1": (lambda a, w: layers.conv2d(a, w, 2, 1), lambda a, w: torch.nn.functional.conv2d(a, w, stride=2, padding=1), (5, 6, 4, 4)),
+            "conv_transpose2d k4 s2 p1": (lambda a, w: layers.conv_transpose2d(a, w, 2, 1), lambda a, w: torch.nn.functional.conv_transpose2d(a, w, stride=2, padding=1), (6, 5, 4, 4)),
+            "conv_transpose2d k4 s1 p0": (lambda a, w: layers.conv_transpose2d(a, w, 1, 0), lambda a, w: torch.nn.functional.conv_transpose2d(a, w, stride=1, padding=0), (6, 5, 4, 4)),
+        }
+        for label, (ours_fn, torch_fn, w_shape) in cases.items():
+            w = rng.normal(size=w_shape)
+            tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+            ty = torch_fn(tx, tw)
+            cot = rng.normal(size=ty.shape)
+            ty.backward(torch.tensor(cot))
+            y, vjp = jax.vjp(ours_fn, jnp.asarray(x.transpose(0, 2, 3, 1)), jnp.asarray(w))
+            dx, dw = vjp(jnp.asarray(cot.transpose(0, 2, 3, 1)))
+            worst[label] = max(
+                np.max(np.abs(np.asarray(y).transpose(0, 3, 1, 2) - ty.detach().numpy())),
+                np.max(np.abs(np.asarray(dx).transpose(0, 3, 1, 2) - tx.grad.numpy())),
+                np.max(np.abs(np.asarray(dw) - tw.grad.numpy())),
+            )
+        p = np.array([0.3, 1e-3, 0.0, 1.0, 0.999])
+        y = np.array([1.0, 0.0, 1.0, 0.0, 1.0])
+        tp = torch.tensor(p, requires_grad=True)
+        loss = torch.nn.BCELoss()(tp, torch.tensor(y))
+        loss.backward()
+        value, grad = jax.value_and_grad(layers.bce_loss)(jnp.asarray(p), jnp.asarray(y))
+        worst["BCELoss (saturated inputs included)"] = max(abs(float(value) - loss.item()), float(np.max(np.abs(np.asarray(grad) - tp.grad.numpy()) / np.maximum(np.abs(tp.grad.numpy()), 1))))
+    measured = max(worst.values())
+    return CheckResult(
+        "per-layer forward and gradients (float64)", "max |Δ| ≤ 1e-12", measured, measured <= 1e-12,
+        "; ".join(f"{k} {v:.1e}" for k, v in worst.items()),
+    )
+
+
+def check_gradient_stopping() -> CheckResult:
+    """detach() → netG's .grad None; stop_gradient → G's gradient exactly zero; both filled without the cut."""
+    from functional_gan import lessons
+
+    torch_side, jax_side = lessons.torch_gan_step(), lessons.jax_gan_step()
+    torch_pattern = (
+        torch_side["with detach(): netG .grad after the D step"] == "all None",
+        torch_side["without detach(): netG .grad after the D step"].startswith("filled"),
+    )
+    jax_pattern = (
+        jax_side["grad wrt G and D, with stop_gradient: |sum of G's gradient|"] == 0.0,
+        jax_side["grad wrt G and D, without stop_gradient: |sum of G's gradient|"] > 0.0,
+    )
+    return CheckResult(
+        "gradient stopping: detach() None ↔ stop_gradient zeros", "same pattern (exact)",
+        float(jax_side["grad wrt G and D, with stop_gradient: |sum of G's gradient|"]),
+        torch_pattern == jax_pattern == (True, True),
+        f"PyTorch (cut → None, uncut → filled): {torch_pattern}; JAX (cut → 0, uncut → ≠0): {jax_pattern}",
+    )
+
+
+TUTORIAL_WIDTHS = RunSpec(nz=100, ngf=64, ndf=64, nc=3, image_size=64, batch_size=4, steps=3)
+SMALL_WIDTHS_100 = RunSpec(steps=100)
+TEACHER_FORCING_50 = RunSpec(steps=50, batch_size=16)

@@ -1,0 +1,78 @@
+"""What both the live checks (with PyTorch) and the recorded-fixture checks (without it) share."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+METRICS = ("loss_d", "loss_g", "d_x", "d_g_z1", "d_g_z2")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """What a reference run trains: the tutorial's nets at some size, on seeded random data."""
+
+    nz: int = 16
+    ngf: int = 8
+    ndf: int = 8
+    nc: int = 3
+    image_size: int = 32
+    batch_size: int = 8
+    steps: int = 100
+    lr: float = 2e-4
+    beta1: float = 0.5
+    seed: int = 0
+
+
+def make_batches(spec: RunSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(real, noise) in NCHW, float64: real ~ U(−1, 1), noise ~ N(0, 1), from ``default_rng(seed)``.
+
+    Both frameworks train on these exact arrays (PyTorch's and JAX's RNG streams cannot be matched).
+    """
+    rng = np.random.default_rng(spec.seed)
+    real = rng.uniform(-1, 1, (spec.steps, spec.batch_size, spec.nc, spec.image_size, spec.image_size))
+    noise = rng.normal(size=(spec.steps, spec.batch_size, spec.nz, 1, 1))
+    return real, noise
+
+
+@dataclasses.dataclass
+class CheckResult:
+    name: str
+    tolerance: str
+    measured: float  # the largest difference found (its kind is in `tolerance`)
+    passed: bool | None  # None: reported, not asserted
+    detail: str = ""
+    curves: dict = dataclasses.field(default_factory=dict)
+
+
+def max_state_difference(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> float:
+    if ours.keys() != theirs.keys():
+        raise AssertionError(f"state_dict keys differ: {sorted(set(ours) ^ set(theirs))}")
+    return max(float(np.max(np.abs(np.asarray(ours[k], np.float64) - np.asarray(theirs[k], np.float64)))) for k in theirs)
+
+
+def counters_equal(ours, theirs) -> bool:
+    return all(int(ours[k]) == int(theirs[k]) for k in theirs if k.endswith("num_batches_tracked"))
+
+
+def compare_trajectory(name: str, spec: RunSpec, initial_g, initial_d, metrics, final_g, final_d, tolerance: float) -> CheckResult:
+    """Replay a recorded float64 run in JAX; every metric and every final state entry within ``tolerance``."""
+    from functional_gan.replay import replay
+
+    real, noise = make_batches(spec)
+    ours = replay(initial_g, initial_d, real, noise, "float64", spec.lr, spec.beta1)
+    per_step = np.max([np.abs(ours.metrics[k] - metrics[k]) for k in METRICS], axis=0)
+    state_diff = max(
+        max_state_difference(ours.generator_state_dict, final_g),
+        max_state_difference(ours.discriminator_state_dict, final_d),
+    )
+    counters = counters_equal(ours.generator_state_dict, final_g) and counters_equal(ours.discriminator_state_dict, final_d)
+    measured = max(float(per_step.max()), state_diff)
+    return CheckResult(
+        name, f"max |JAX − PyTorch| ≤ {tolerance:g} (metrics, parameters, running statistics)", measured,
+        measured <= tolerance and counters,
+        f"{spec.steps} steps, batch {spec.batch_size}, {spec.image_size}×{spec.image_size}, ngf {spec.ngf}, ndf {spec.ndf}; "
+        f"metrics {per_step.max():.2e}, final state {state_diff:.2e}; num_batches_tracked equal: {counters}",
+        {"per_step_max_abs": per_step, "torch": metrics, "jax": ours.metrics},
+    )

@@ -1,0 +1,89 @@
+"""PyTorch reference runs of the DCGAN tutorial loop, recorded for the comparisons.
+
+Data and noise come from NumPy (a seeded ``default_rng``) so that both frameworks see the same
+arrays; the initial weights come from the tutorial's own ``weights_init`` under
+``torch.manual_seed``. Each run records the per-step metrics and the states the checks need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from comparisons import torch_reference
+from comparisons.common import METRICS, RunSpec, make_batches  # noqa: F401  (re-exported)
+
+
+def torch_dtype(name: str):
+    return {"float32": torch.float32, "float64": torch.float64}[name]
+
+
+@dataclasses.dataclass
+class TorchRun:
+    initial_generator: dict[str, np.ndarray]
+    initial_discriminator: dict[str, np.ndarray]
+    metrics: dict[str, np.ndarray]  # each (steps,)
+    final_generator: dict[str, np.ndarray]
+    final_discriminator: dict[str, np.ndarray]
+    snapshots: list[dict] = dataclasses.field(default_factory=list)  # per-step full states (teacher forcing)
+
+
+def optimizer_state_numpy(optimizer: torch.optim.Adam, module: torch.nn.Module) -> dict:
+    """Adam's per-parameter state keyed by the parameter's state_dict name: step, exp_avg, exp_avg_sq."""
+    by_param = {}
+    for name, param in module.named_parameters():
+        state = optimizer.state.get(param, {})
+        if state:
+            by_param[name] = {
+                "step": int(state["step"]),
+                "exp_avg": state["exp_avg"].detach().cpu().numpy().copy(),
+                "exp_avg_sq": state["exp_avg_sq"].detach().cpu().numpy().copy(),
+            }
+    return by_param
+
+
+def run_tutorial(spec: RunSpec, dtype: str = "float64", record_snapshots: bool = False, real=None, noise=None) -> TorchRun:
+    """Train the tutorial's loop for ``spec.steps`` iterations in PyTorch on the seeded batches."""
+    tdtype = torch_dtype(dtype)
+    previous_default = torch.get_default_dtype()
+    torch.set_default_dtype(tdtype)
+    try:
+        net_g, net_d = torch_reference.make_models(
+            spec.nz, spec.ngf, spec.ndf, spec.nc, spec.image_size, seed=spec.seed, dtype=tdtype
+        )
+        optimizer_g, optimizer_d = torch_reference.make_optimizers(net_g, net_d, spec.lr, spec.beta1)
+        criterion = torch.nn.BCELoss()
+        if real is None or noise is None:
+            real, noise = make_batches(spec)
+        initial_g, initial_d = torch_reference.state_dict_numpy(net_g), torch_reference.state_dict_numpy(net_d)
+        rows, snapshots = [], []
+        for t in range(spec.steps):
+            if record_snapshots:
+                snapshots.append(_snapshot(net_g, net_d, optimizer_g, optimizer_d))
+            rows.append(
+                torch_reference.tutorial_iteration(
+                    net_g, net_d, optimizer_g, optimizer_d, criterion,
+                    torch.as_tensor(real[t], dtype=tdtype), torch.as_tensor(noise[t], dtype=tdtype),
+                )
+            )
+        if record_snapshots:
+            snapshots.append(_snapshot(net_g, net_d, optimizer_g, optimizer_d))
+        rows = np.array(rows)
+        metrics = {key: rows[:, i] for i, key in enumerate(METRICS)}
+        return TorchRun(
+            initial_g, initial_d, metrics,
+            torch_reference.state_dict_numpy(net_g), torch_reference.state_dict_numpy(net_d), snapshots,
+        )
+    finally:
+        torch.set_default_dtype(previous_default)
+
+
+def _snapshot(net_g, net_d, optimizer_g, optimizer_d) -> dict:
+    return {
+        "generator": torch_reference.state_dict_numpy(net_g),
+        "discriminator": torch_reference.state_dict_numpy(net_d),
+        "generator_adam": optimizer_state_numpy(optimizer_g, net_g),
+        "discriminator_adam": optimizer_state_numpy(optimizer_d, net_d),
+    }

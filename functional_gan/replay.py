@@ -1,0 +1,153 @@
+"""Replay a PyTorch DCGAN run step by step in JAX.
+
+Given the tutorial models' initial ``state_dict``s and the exact data and noise each iteration
+used, run the same iterations with :func:`functional_gan.train.gan_step` and return the tutorial's
+per-step metrics and the final weights as ``state_dict`` arrays (running statistics and
+``num_batches_tracked`` included), ready to load into the tutorial's models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from functional_gan import convert
+from functional_gan.config import TrainConfig
+from functional_gan.train import GANState, gan_step, make_optimizer
+
+METRIC_KEYS = ("loss_d", "loss_g", "d_x", "d_g_z1", "d_g_z2")
+
+
+class ReplayInputError(ValueError):
+    """Inputs that do not describe a replayable run; the message says which and why."""
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    metrics: dict[str, np.ndarray]  # each (steps,)
+    generator_state_dict: dict[str, np.ndarray]
+    discriminator_state_dict: dict[str, np.ndarray]
+    config: TrainConfig
+
+
+def config_from_state_dicts(generator_sd, discriminator_sd, batch_size: int, lr: float, beta1: float) -> TrainConfig:
+    """The model widths and image size read off the state_dict shapes."""
+    g = convert.infer_generator_shape(generator_sd)
+    d = convert.infer_discriminator_shape(discriminator_sd)
+    if g["nc"] != d["nc"] or g["image_size"] != d["image_size"]:
+        raise ReplayInputError(f"generator ({g}) and discriminator ({d}) disagree on channels or image size")
+    return TrainConfig(
+        batch_size=batch_size, image_size=g["image_size"], nc=g["nc"], nz=g["nz"], ngf=g["ngf"], ndf=d["ndf"], lr=lr, beta1=beta1
+    ).validate()
+
+
+def state_from_state_dicts(config: TrainConfig, generator_sd, discriminator_sd, dtype) -> GANState:
+    """A GANState with fresh Adam states holding the given weights, cast to ``dtype``."""
+    g = convert.state_dict_to_variables(generator_sd)
+    d = convert.state_dict_to_variables(discriminator_sd)
+
+    def cast(tree):
+        return jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype if np.issubdtype(np.asarray(a).dtype, np.floating) else None), tree)
+
+    g, d = cast(g), cast(d)
+    optimizer = make_optimizer(config)
+    return GANState(
+        step=jnp.zeros((), jnp.int32),
+        generator_params=g["params"],
+        generator_batch_stats=g["batch_stats"],
+        discriminator_params=d["params"],
+        discriminator_batch_stats=d["batch_stats"],
+        generator_opt_state=optimizer.init(g["params"]),
+        discriminator_opt_state=optimizer.init(d["params"]),
+    )
+
+
+def _check_batches(real_NCHW: np.ndarray, noise_NCHW: np.ndarray, config: TrainConfig) -> None:
+    if real_NCHW.ndim != 5:
+        raise ReplayInputError(f"'real' must be (steps, batch, nc, H, W), got shape {real_NCHW.shape}")
+    if noise_NCHW.ndim != 5 or noise_NCHW.shape[3:] != (1, 1):
+        raise ReplayInputError(f"'noise' must be (steps, batch, nz, 1, 1), got shape {noise_NCHW.shape}")
+    steps, batch = real_NCHW.shape[:2]
+    expected_real = (config.nc, config.image_size, config.image_size)
+    if real_NCHW.shape[2:] != expected_real:
+        raise ReplayInputError(f"'real' images are {real_NCHW.shape[2:]}, the models expect {expected_real}")
+    if noise_NCHW.shape[:3] != (steps, batch, config.nz):
+        raise ReplayInputError(f"'noise' has shape {noise_NCHW.shape}, expected {(steps, batch, config.nz, 1, 1)}")
+    if steps == 0 or batch == 0:
+        raise ReplayInputError("no steps to replay (empty batches)")
+    if not (np.all(np.isfinite(real_NCHW)) and np.all(np.isfinite(noise_NCHW))):
+        raise ReplayInputError("'real' or 'noise' contains NaN or infinite values")
+
+
+def replay(
+    generator_sd: dict[str, np.ndarray],
+    discriminator_sd: dict[str, np.ndarray],
+    real_NCHW: np.ndarray,
+    noise_NCHW: np.ndarray,
+    dtype: str = "float32",
+    lr: float = 2e-4,
+    beta1: float = 0.5,
+) -> ReplayResult:
+    """Run the tutorial's iterations in JAX on PyTorch's data and noise (NCHW, as PyTorch holds them).
+
+    Args:
+      generator_sd, discriminator_sd: the tutorial models' ``state_dict()`` as NumPy arrays.
+      real_NCHW: (steps, batch, nc, H, W) real images in [−1, 1], one batch per iteration.
+      noise_NCHW: (steps, batch, nz, 1, 1), the ``torch.randn`` noise of each iteration.
+      dtype: "float32" or "float64" (float64 turns on ``jax_enable_x64`` for the replay only).
+      lr, beta1: Adam's settings, as in the run being replayed.
+
+    Returns:
+      Per-step metrics and the final state_dicts (float arrays in ``dtype``, counters int64).
+    """
+    if dtype not in ("float32", "float64"):
+        raise ReplayInputError(f"dtype must be float32 or float64, got {dtype!r}")
+    real_NCHW, noise_NCHW = np.asarray(real_NCHW), np.asarray(noise_NCHW)
+    config = config_from_state_dicts(generator_sd, discriminator_sd, real_NCHW.shape[1] if real_NCHW.ndim == 5 else 1, lr, beta1)
+    _check_batches(real_NCHW, noise_NCHW, config)
+    with jax.enable_x64(dtype == "float64"):
+        jdtype = jnp.float64 if dtype == "float64" else jnp.float32
+        state = state_from_state_dicts(config, generator_sd, discriminator_sd, jdtype)
+        step = jax.jit(lambda s, r, n: gan_step(config, s, r, n))
+        metrics = []
+        for t in range(real_NCHW.shape[0]):
+            real = jnp.asarray(real_NCHW[t].transpose(0, 2, 3, 1), jdtype)
+            noise = jnp.asarray(noise_NCHW[t, :, :, 0, 0], jdtype)
+            state, m = step(state, real, noise)
+            metrics.append(m)
+        metrics = jax.device_get(metrics)
+        result = ReplayResult(
+            metrics={k: np.array([float(getattr(m, k)) for m in metrics]) for k in METRIC_KEYS},
+            generator_state_dict=convert.variables_to_state_dict(state.generator_params, state.generator_batch_stats),
+            discriminator_state_dict=convert.variables_to_state_dict(state.discriminator_params, state.discriminator_batch_stats),
+            config=config,
+        )
+    return result
+
+
+def load_batches(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """``real`` and ``noise`` from an .npz file (no pickles: ``allow_pickle=False``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReplayInputError(f"batches file {str(path)!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = {"real", "noise"} - set(data.files)
+            if missing:
+                raise ReplayInputError(f"{str(path)!r} lacks {', '.join(sorted(missing))} (it has {', '.join(data.files)})")
+            return np.asarray(data["real"]), np.asarray(data["noise"])
+    except ReplayInputError:
+        raise
+    except Exception as error:  # zipfile.BadZipFile, ValueError (object arrays) ...
+        raise ReplayInputError(f"cannot read {str(path)!r} as an .npz of arrays: {type(error).__name__}: {error}") from error
+
+
+def save_metrics(result: ReplayResult, path: str | os.PathLike) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **result.metrics)
