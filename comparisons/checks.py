@@ -10,14 +10,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import torch
 
 from comparisons import reference_runs, torch_linreg
-from comparisons.common import METRICS, CheckResult, RunSpec, compare_trajectory
+from comparisons.common import METRICS, CheckResult, RunSpec, compare_trajectory, teacher_forced_step
 from functional_gan import convert, layers, linreg
-from functional_gan.replay import config_from_state_dicts, replay, state_from_state_dicts
-from functional_gan.train import gan_step, make_optimizer
+from functional_gan.replay import config_from_state_dicts, replay
+from functional_gan.train import gan_step
 
 # --- float64 trajectories ----------------------------------------------------------------------
 
@@ -49,33 +48,6 @@ def check_linreg(dtype_name: str = "float64") -> CheckResult:
 # --- float32: teacher forcing and free-running drift ----------------------------------------------
 
 
-def _adam_state_from_torch(config, params, adam_by_name: dict, dtype):
-    """optax.adam's state holding PyTorch's Adam moments (exp_avg → mu, exp_avg_sq → nu, step → count)."""
-    optimizer = make_optimizer(config)
-    state = optimizer.init(params)
-    mu = convert.state_dict_to_variables({k: v["exp_avg"] for k, v in adam_by_name.items()})["params"]
-    nu = convert.state_dict_to_variables({k: v["exp_avg_sq"] for k, v in adam_by_name.items()})["params"]
-    steps = {v["step"] for v in adam_by_name.values()}
-    assert len(steps) == 1, "all parameters share Adam's step count"
-    adam = state[0]._replace(
-        count=jnp.asarray(steps.pop(), jnp.int32),
-        mu=jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype), mu),
-        nu=jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype), nu),
-    )
-    return (adam,) + tuple(state[1:])
-
-
-def state_from_snapshot(config, snapshot: dict, dtype=jnp.float32):
-    """The whole training state of PyTorch at some step (weights, running statistics, Adam) as a GANState."""
-    state = state_from_state_dicts(config, snapshot["generator"], snapshot["discriminator"], dtype)
-    if snapshot["generator_adam"]:
-        state = state.replace(
-            generator_opt_state=_adam_state_from_torch(config, state.generator_params, snapshot["generator_adam"], dtype),
-            discriminator_opt_state=_adam_state_from_torch(config, state.discriminator_params, snapshot["discriminator_adam"], dtype),
-        )
-    return state
-
-
 def check_teacher_forced_float32(spec: RunSpec, torch_run=None, steps: list[int] | None = None) -> CheckResult:
     """From PyTorch's state at each step t, one JAX step must reproduce PyTorch's step t.
 
@@ -90,30 +62,12 @@ def check_teacher_forced_float32(spec: RunSpec, torch_run=None, steps: list[int]
     metric_rel, param_abs, stats_rel = [], [], []
     indices = steps if steps is not None else range(spec.steps)
     for t in indices:
-        state = state_from_snapshot(config, run.snapshots[t])
-        new_state, metrics = step(
-            state, jnp.asarray(real[t].transpose(0, 2, 3, 1), jnp.float32), jnp.asarray(noise[t, :, :, 0, 0], jnp.float32)
+        m, p, r = teacher_forced_step(
+            config, step, run.snapshots[t], run.snapshots[t + 1], real[t], noise[t], [run.metrics[k][t] for k in METRICS]
         )
-        ours = np.array(jax.device_get(metrics), np.float64)
-        theirs = np.array([run.metrics[k][t] for k in METRICS])
-        metric_rel.append(float(np.max(np.abs(ours - theirs) / np.maximum(np.abs(theirs), 1e-12))))
-        target = run.snapshots[t + 1]
-        p_diff, s_diff = 0.0, 0.0
-        for params, stats, reference in (
-            (new_state.generator_params, new_state.generator_batch_stats, target["generator"]),
-            (new_state.discriminator_params, new_state.discriminator_batch_stats, target["discriminator"]),
-        ):
-            sd = convert.variables_to_state_dict(params, stats)
-            for key, value in reference.items():
-                if key.endswith("num_batches_tracked"):
-                    continue
-                diff = np.abs(np.asarray(sd[key], np.float64) - value)
-                if key.endswith(("running_mean", "running_var")):
-                    s_diff = max(s_diff, float(np.max(diff / np.maximum(np.abs(value), 1e-3))))
-                else:
-                    p_diff = max(p_diff, float(np.max(diff)))
-        param_abs.append(p_diff)
-        stats_rel.append(s_diff)
+        metric_rel.append(m)
+        param_abs.append(p)
+        stats_rel.append(r)
     bound = 2 * spec.lr
     passed = max(metric_rel) <= 1e-5 and max(param_abs) <= bound and max(stats_rel) <= 1e-5
     return CheckResult(

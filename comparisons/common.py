@@ -76,3 +76,74 @@ def compare_trajectory(name: str, spec: RunSpec, initial_g, initial_d, metrics, 
         f"metrics {per_step.max():.2e}, final state {state_diff:.2e}; num_batches_tracked equal: {counters}",
         {"per_step_max_abs": per_step, "torch": metrics, "jax": ours.metrics},
     )
+
+
+def _adam_state_from_torch(config, params, adam_by_name: dict, dtype):
+    """optax.adam's state holding PyTorch's Adam moments (exp_avg → mu, exp_avg_sq → nu, step → count)."""
+    import jax
+    import jax.numpy as jnp
+
+    from functional_gan import convert
+    from functional_gan.train import make_optimizer
+
+    state = make_optimizer(config).init(params)
+    mu = convert.state_dict_to_variables({k: v["exp_avg"] for k, v in adam_by_name.items()})["params"]
+    nu = convert.state_dict_to_variables({k: v["exp_avg_sq"] for k, v in adam_by_name.items()})["params"]
+    steps = {int(v["step"]) for v in adam_by_name.values()}
+    assert len(steps) == 1, "all parameters share Adam's step count"
+    adam = state[0]._replace(
+        count=jnp.asarray(steps.pop(), jnp.int32),
+        mu=jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype), mu),
+        nu=jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype), nu),
+    )
+    return (adam,) + tuple(state[1:])
+
+
+def state_from_snapshot(config, snapshot: dict, dtype=None):
+    """PyTorch's whole training state at some step (weights, running statistics, Adam) as a GANState."""
+    import jax.numpy as jnp
+
+    from functional_gan.replay import state_from_state_dicts
+
+    dtype = dtype or jnp.float32
+    state = state_from_state_dicts(config, snapshot["generator"], snapshot["discriminator"], dtype)
+    if snapshot["generator_adam"]:
+        state = state.replace(
+            generator_opt_state=_adam_state_from_torch(config, state.generator_params, snapshot["generator_adam"], dtype),
+            discriminator_opt_state=_adam_state_from_torch(config, state.discriminator_params, snapshot["discriminator_adam"], dtype),
+        )
+    return state
+
+
+def teacher_forced_step(config, step_fn, snapshot, next_snapshot, real_NCHW, noise_NCHW, torch_metrics):
+    """One JAX step from PyTorch's state at t, compared with PyTorch's step t and its state at t+1.
+
+    Returns (max relative metric difference, max |Δ parameter|, max relative running-stat difference).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from functional_gan import convert
+
+    state = state_from_snapshot(config, snapshot)
+    new_state, metrics = step_fn(
+        state, jnp.asarray(real_NCHW.transpose(0, 2, 3, 1), jnp.float32), jnp.asarray(noise_NCHW[:, :, 0, 0], jnp.float32)
+    )
+    ours = np.array(jax.device_get(metrics), np.float64)
+    theirs = np.asarray(torch_metrics, np.float64)
+    metric_rel = float(np.max(np.abs(ours - theirs) / np.maximum(np.abs(theirs), 1e-12)))
+    param_abs, stats_rel = 0.0, 0.0
+    for params, stats, reference in (
+        (new_state.generator_params, new_state.generator_batch_stats, next_snapshot["generator"]),
+        (new_state.discriminator_params, new_state.discriminator_batch_stats, next_snapshot["discriminator"]),
+    ):
+        state_dict = convert.variables_to_state_dict(params, stats)
+        for key, value in reference.items():
+            if key.endswith("num_batches_tracked"):
+                continue
+            diff = np.abs(np.asarray(state_dict[key], np.float64) - value)
+            if key.endswith(("running_mean", "running_var")):
+                stats_rel = max(stats_rel, float(np.max(diff / np.maximum(np.abs(value), 1e-3))))
+            else:
+                param_abs = max(param_abs, float(np.max(diff)))
+    return metric_rel, param_abs, stats_rel

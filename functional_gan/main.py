@@ -234,6 +234,35 @@ def _run_replay(args) -> int:
     return 0
 
 
+def _add_compare_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "compare", help="run the comparison suite against PyTorch and write a report with plots",
+        description="Runs every check of comparisons/ (float64 trajectories, float32 teacher forcing, layers, gradient "
+        "stopping, linear regression, recorded fixtures, and long float32 runs on the digits compared by sample "
+        "quality) and writes report.md with its plots. Needs the torch extra.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", default="runs/compare", help="folder for report.md and its plots")
+    p.add_argument("--skip-quality", action="store_true", help="skip the long float32 runs (the slowest part, ~2 min on 2 cores)")
+    p.add_argument("--quality-steps", type=int, default=300, help="iterations of each long float32 run")
+    p.set_defaults(handler=_run_compare)
+
+
+def _run_compare(args) -> int:
+    try:
+        from comparisons import quality, report
+    except ImportError as error:
+        raise ValueError(f"the comparison suite needs PyTorch: pip install -e '.[torch]' ({error})") from error
+    if args.quality_steps <= 0:
+        raise ValueError(f"--quality-steps must be positive, got {args.quality_steps}")
+    spec = quality.QualitySpec(steps=args.quality_steps, nz=100, ngf=32, ndf=32)
+    results, path = report.run_suite(args.out, include_quality=not args.skip_quality, quality_spec=spec)
+    failed = [r.name for r in results if r.passed is False]
+    print(f"Wrote {path}: {sum(r.passed is True for r in results)} passed, {len(failed)} failed, "
+          f"{sum(r.passed is None for r in results)} reported")
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="functional-gan",
@@ -246,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lessons_parser(subparsers)
     _add_graph_parser(subparsers)
     _add_replay_parser(subparsers)
+    _add_compare_parser(subparsers)
     return parser
 
 

@@ -1,0 +1,173 @@
+"""Long float32 runs compared statistically: sample quality of both frameworks on the built-in digits.
+
+float32 trajectories of the two frameworks drift apart (rounding is amplified), so long runs are
+compared by what they produce. For each seed both frameworks train from the same initial weights
+(the tutorial's ``weights_init`` in PyTorch) on the same batches and noise; the spread across
+seeds is the run-to-run noise. Quality is measured offline in the feature space of a small
+classifier trained in JAX on the same digits:
+
+* a Fréchet distance between real and generated feature distributions (FID's formula), and
+* a classifier score ``exp(E[KL(p(y|x) ‖ p(y))])`` (the Inception score's formula, 1 to 10).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import scipy.linalg
+
+from functional_gan.data import load_digits, to_unit_range
+from functional_gan.models import Generator
+
+
+class DigitClassifier(nn.Module):
+    """A small MLP on 32×32 digits; ``features`` is its 64-d penultimate layer."""
+
+    @nn.compact
+    def __call__(self, images_NHWC, return_features: bool = False):
+        x = images_NHWC.mean(axis=-1).reshape(images_NHWC.shape[0], -1)  # gray
+        x = nn.relu(nn.Dense(256)(x))
+        features = nn.relu(nn.Dense(64)(x))
+        logits = nn.Dense(10)(features)
+        return (logits, features) if return_features else logits
+
+
+@dataclasses.dataclass
+class Classifier:
+    params: dict
+    test_accuracy: float
+
+    def features_and_probabilities(self, images_NHWC: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        logits, features = DigitClassifier().apply(self.params, jnp.asarray(images_NHWC, jnp.float32), return_features=True)
+        return np.asarray(features, np.float64), np.asarray(jax.nn.softmax(logits), np.float64)
+
+
+def train_classifier(image_size: int = 32, steps: int = 600, seed: int = 0) -> Classifier:
+    """Train on 80% of scikit-learn's digits (at the GAN's size, in [−1, 1]); accuracy on the other 20%."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    images = to_unit_range(load_digits(image_size, nc=1).images_NHWC)
+    labels = sklearn_digits().target
+    order = np.random.default_rng(seed).permutation(len(images))
+    split = int(0.8 * len(images))
+    train_idx, test_idx = order[:split], order[split:]
+    model = DigitClassifier()
+    params = model.init(jax.random.key(seed), jnp.zeros((1, image_size, image_size, 1)))
+    optimizer = optax.adam(1e-3)
+
+    @jax.jit
+    def step(params, opt_state, x, y):
+        def loss_fn(p):
+            return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+
+        grads = jax.grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    opt_state = optimizer.init(params)
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        batch = rng.choice(train_idx, 128)
+        params, opt_state = step(params, opt_state, jnp.asarray(images[batch]), jnp.asarray(labels[batch]))
+    predictions = np.asarray(jnp.argmax(model.apply(params, jnp.asarray(images[test_idx])), -1))
+    return Classifier(params, float(np.mean(predictions == labels[test_idx])))
+
+
+def frechet_distance(features_a: np.ndarray, features_b: np.ndarray) -> float:
+    """‖μa − μb‖² + Tr(Σa + Σb − 2(ΣaΣb)^½), FID's formula."""
+    mu_a, mu_b = features_a.mean(0), features_b.mean(0)
+    cov_a, cov_b = np.cov(features_a, rowvar=False), np.cov(features_b, rowvar=False)
+    eye = 1e-6 * np.eye(cov_a.shape[0])  # dead ReLU features make covariances singular
+    root = scipy.linalg.sqrtm((cov_a + eye) @ (cov_b + eye))
+    root = np.real(root)
+    return float(np.sum((mu_a - mu_b) ** 2) + np.trace(cov_a + cov_b - 2 * root))
+
+
+def classifier_score(probabilities: np.ndarray) -> float:
+    """exp(E_x[KL(p(y|x) ‖ p(y))]): 1 for useless samples, up to 10 for confident, diverse digits."""
+    marginal = probabilities.mean(0, keepdims=True)
+    kl = np.sum(probabilities * (np.log(probabilities + 1e-12) - np.log(marginal + 1e-12)), axis=1)
+    return float(np.exp(kl.mean()))
+
+
+@dataclasses.dataclass(frozen=True)
+class QualitySpec:
+    image_size: int = 32
+    nz: int = 32
+    ngf: int = 16
+    ndf: int = 16
+    batch_size: int = 64
+    steps: int = 300
+    seeds: tuple[int, ...] = (1, 2)
+    num_samples: int = 512
+
+
+def digits_batches(spec: QualitySpec, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(real, noise) NCHW float32 for ``spec.steps`` iterations: shuffled digits, NumPy noise."""
+    digits = to_unit_range(load_digits(spec.image_size, nc=1).images_NHWC).transpose(0, 3, 1, 2)
+    rng = np.random.default_rng(seed)
+    per_epoch = len(digits) // spec.batch_size
+    batches = []
+    for step in range(spec.steps):
+        epoch, index = divmod(step, per_epoch)
+        if index == 0:
+            order = rng.permutation(len(digits))
+        batches.append(digits[order[index * spec.batch_size : (index + 1) * spec.batch_size]])
+    noise = rng.normal(size=(spec.steps, spec.batch_size, spec.nz, 1, 1)).astype(np.float32)
+    return np.stack(batches), noise
+
+
+def sample_images(generator_sd: dict, spec: QualitySpec, num: int, seed: int = 123) -> np.ndarray:
+    """Samples of a trained G (JAX forward, train-mode BatchNorm as the tutorial), NHWC in [−1, 1]."""
+    from functional_gan import convert
+
+    variables = convert.state_dict_to_variables(generator_sd)
+    generator = Generator(nz=spec.nz, ngf=spec.ngf, nc=1, image_size=spec.image_size)
+    z = jax.random.normal(jax.random.key(seed), (num, spec.nz))
+    return np.asarray(generator.apply(variables, z, mutable=["batch_stats"])[0])
+
+
+def compare_quality(spec: QualitySpec, progress=print) -> dict:
+    """Train both frameworks per seed and score their samples. Returns per-seed metrics and the verdict."""
+    from comparisons import torch_reference
+    from comparisons.reference_runs import RunSpec, run_tutorial
+    from functional_gan.replay import replay
+
+    classifier = train_classifier(spec.image_size)
+    real_images = to_unit_range(load_digits(spec.image_size, nc=1).images_NHWC)
+    real_features, _ = classifier.features_and_probabilities(real_images)
+    scores = {"jax": {"fd": [], "score": []}, "pytorch": {"fd": [], "score": []}}
+    samples, curves = {}, {}
+    untrained_fd = None
+    for seed in spec.seeds:
+        run_spec = RunSpec(nz=spec.nz, ngf=spec.ngf, ndf=spec.ndf, nc=1, image_size=spec.image_size,
+                           batch_size=spec.batch_size, steps=spec.steps, seed=seed)
+        real, noise = digits_batches(spec, seed)
+        torch_run = run_tutorial(run_spec, "float32", real=real, noise=noise)
+        progress(f"  seed {seed}: PyTorch trained {spec.steps} steps")
+        jax_run = replay(torch_run.initial_generator, torch_run.initial_discriminator, real, noise, "float32")
+        progress(f"  seed {seed}: JAX trained {spec.steps} steps")
+        if untrained_fd is None:
+            untrained = classifier.features_and_probabilities(sample_images(torch_run.initial_generator, spec, spec.num_samples))[0]
+            untrained_fd = frechet_distance(real_features, untrained)
+        for name, generator_sd in (("pytorch", torch_run.final_generator), ("jax", jax_run.generator_state_dict)):
+            images = sample_images(generator_sd, spec, spec.num_samples)
+            features, probabilities = classifier.features_and_probabilities(images)
+            scores[name]["fd"].append(frechet_distance(real_features, features))
+            scores[name]["score"].append(classifier_score(probabilities))
+            samples.setdefault(name, images[:64])
+        curves[seed] = {"pytorch": torch_run.metrics, "jax": jax_run.metrics}
+    verdicts = {}
+    for metric in ("fd", "score"):
+        j, t = np.array(scores["jax"][metric]), np.array(scores["pytorch"][metric])
+        spread = float(np.sqrt((np.var(j, ddof=1) + np.var(t, ddof=1)) / 2)) if len(j) > 1 else 0.0
+        allowed = max(2 * spread, 0.1 * float(np.mean(np.concatenate([j, t]))))
+        verdicts[metric] = {"jax_mean": float(j.mean()), "pytorch_mean": float(t.mean()), "gap": float(abs(j.mean() - t.mean())),
+                            "seed_spread": spread, "allowed": allowed, "passed": bool(abs(j.mean() - t.mean()) <= allowed)}
+    return {"scores": scores, "verdicts": verdicts, "untrained_fd": untrained_fd, "classifier_accuracy": classifier.test_accuracy,
+            "samples": samples, "curves": curves, "real_samples": real_images[:64]}

@@ -1,0 +1,139 @@
+"""``functional-gan compare``: run the comparison suite and write a Markdown report with plots."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import jax
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from comparisons import checks, fixtures, quality  # noqa: E402
+from comparisons.common import CheckResult  # noqa: E402
+from functional_gan import plots  # noqa: E402
+
+
+def set_parity_precision() -> None:
+    """Full float32 precision on both sides: no TF32 or bf16 passes on GPUs/TPUs (no effect on CPU)."""
+    jax.config.update("jax_default_matmul_precision", "highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def _plot_curves(path: Path, title: str, series: dict[str, np.ndarray], ylabel: str, log: bool = False) -> Path:
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for label, values in series.items():
+        ax.plot(np.arange(1, len(values) + 1), values, label=label)
+    ax.set_title(title)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _plot_losses(path: Path, title: str, torch_metrics: dict, jax_metrics: dict) -> Path:
+    return _plot_curves(path, title, {
+        "PyTorch Loss_D": torch_metrics["loss_d"], "JAX Loss_D": jax_metrics["loss_d"],
+        "PyTorch Loss_G": torch_metrics["loss_g"], "JAX Loss_G": jax_metrics["loss_g"],
+    }, "loss")
+
+
+def _sample_figure(path: Path, panels: dict[str, np.ndarray]) -> Path:
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5.4))
+    for ax, (title, images) in zip(np.atleast_1d(axes), panels.items()):
+        ax.axis("off")
+        ax.set_title(title)
+        ax.imshow(plots.make_grid(images))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def run_suite(out_dir: str | Path, include_quality: bool = True, quality_spec: quality.QualitySpec | None = None,
+              progress=print) -> tuple[list[CheckResult], Path]:
+    """Run every check, write ``report.md`` and its plots in ``out_dir``; return the results and the report path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    set_parity_precision()
+    results: list[CheckResult] = []
+    figures: list[tuple[str, Path]] = []
+    started = time.perf_counter()
+
+    def add(result: CheckResult) -> CheckResult:
+        verdict = "reported" if result.passed is None else ("PASS" if result.passed else "FAIL")
+        progress(f"[{verdict}] {result.name}: {result.measured:.3g} ({result.tolerance})")
+        results.append(result)
+        return result
+
+    progress(f"Comparison suite on JAX {jax.__version__} ({jax.default_backend()}) vs PyTorch {torch.__version__}")
+    add(checks.check_layers())
+    add(checks.check_gradient_stopping())
+    add(checks.check_linreg("float64"))
+    add(checks.check_linreg("float32"))
+    small = add(checks.check_float64_trajectory(checks.SMALL_WIDTHS_100, "DCGAN float64 trajectory, small widths, 100 steps"))
+    add(checks.check_float64_trajectory(checks.TUTORIAL_WIDTHS, "DCGAN float64 trajectory, the tutorial's widths (64×64, ngf = ndf = 64)"))
+    teacher = add(checks.check_teacher_forced_float32(checks.TEACHER_FORCING_50))
+    drift = add(checks.report_free_running_float32(checks.TEACHER_FORCING_50))
+    for check in (fixtures.check_trajectory_fixture, fixtures.check_teacher_forcing_fixture, fixtures.check_linreg_fixture):
+        add(check())
+
+    figures.append(("Loss curves, float64, both frameworks (they coincide)",
+                    _plot_losses(out / "losses_float64.png", "float64: PyTorch and JAX loss curves", small.curves["torch"], small.curves["jax"])))
+    figures.append(("Per-step max |JAX − PyTorch| over the five metrics (log scale)", _plot_curves(
+        out / "differences.png", "Per-step max |JAX − PyTorch| of the metrics",
+        {"float64 trajectory": np.maximum(small.curves["per_step_max_abs"], 1e-18),
+         "float32 free-running (drift)": np.maximum(drift.curves["per_step_max_abs"], 1e-18),
+         "float32 teacher-forced (relative)": np.maximum(teacher.curves["metric_rel"], 1e-18)},
+        "difference", log=True)))
+    figures.append(("Loss curves, float32 free-running (the drift)",
+                    _plot_losses(out / "losses_float32.png", "float32: PyTorch and JAX loss curves", drift.curves["torch"], drift.curves["jax"])))
+
+    quality_section = ""
+    if include_quality:
+        spec = quality_spec or quality.QualitySpec(steps=300, nz=100, ngf=32, ndf=32)
+        progress(f"Sample quality: {len(spec.seeds)} seeds × 2 frameworks × {spec.steps} iterations on the built-in digits ...")
+        q = quality.compare_quality(spec, progress)
+        for metric, label in (("fd", "Fréchet distance (lower is better)"), ("score", "classifier score (higher is better)")):
+            v = q["verdicts"][metric]
+            add(CheckResult(
+                f"long float32 runs on digits: {label}",
+                "|mean JAX − mean PyTorch| ≤ max(2 × seed spread, 10% of the mean)", v["gap"], v["passed"],
+                f"JAX {np.round(q['scores']['jax'][metric], 3).tolist()}, PyTorch {np.round(q['scores']['pytorch'][metric], 3).tolist()} "
+                f"(seeds {list(spec.seeds)}); allowed gap {v['allowed']:.3g}",
+            ))
+        seed = spec.seeds[0]
+        figures.append((f"Sample quality run, seed {seed}: loss curves",
+                        _plot_losses(out / "losses_quality_run.png", f"digits, seed {seed}, float32", q["curves"][seed]["pytorch"], q["curves"][seed]["jax"])))
+        figures.append(("Samples: real digits, trained in PyTorch, trained in JAX (same initial weights, data and noise)",
+                        _sample_figure(out / "samples.png", {"real": q["real_samples"], "PyTorch": q["samples"]["pytorch"], "JAX": q["samples"]["jax"]})))
+        quality_section = (
+            f"\nThe quality classifier (an MLP trained in JAX on 80% of the digits) scores {q['classifier_accuracy']:.1%} on the other 20%. "
+            f"An untrained generator's Fréchet distance is {q['untrained_fd']:.0f}.\n"
+        )
+
+    report = out / "report.md"
+    lines = [
+        "# functional_gan comparison report\n",
+        f"JAX {jax.__version__} on {jax.default_backend()}, PyTorch {torch.__version__}; float32 matmul/conv precision 'highest' "
+        f"on both sides (no TF32/bf16). {len(results)} checks in {time.perf_counter() - started:.0f} s.\n",
+        "| check | tolerance | measured | result | detail |", "|---|---|---|---|---|",
+    ]
+    for r in results:
+        verdict = "reported" if r.passed is None else ("pass" if r.passed else "**FAIL**")
+        lines.append(f"| {r.name} | {r.tolerance} | {r.measured:.3g} | {verdict} | {r.detail} |")
+    lines.append(quality_section)
+    for caption, path in figures:
+        lines.append(f"## {caption}\n\n![{caption}]({path.name})\n")
+    report.write_text("\n".join(lines))
+    return results, report
