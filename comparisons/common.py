@@ -45,6 +45,10 @@ class CheckResult:
     detail: str = ""
     curves: dict = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self):
+        self.measured = float(self.measured)
+        self.passed = None if self.passed is None else bool(self.passed)
+
 
 def max_state_difference(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> float:
     if ours.keys() != theirs.keys():

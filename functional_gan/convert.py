@@ -81,9 +81,11 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file
 
         try:
-            return dict(load_file(str(path)))
+            arrays = dict(load_file(str(path)))
         except Exception as error:  # safetensors raises its own error types
             raise CheckpointFormatError(f"cannot read {str(path)!r} as safetensors: {error}") from error
+        # safetensors' NumPy helper hands back 0-d tensors as shape (1,); PyTorch's counters are 0-d.
+        return {k: v.reshape(()) if k.endswith("num_batches_tracked") and v.size == 1 else v for k, v in arrays.items()}
     import torch
 
     try:
@@ -110,4 +112,4 @@ def save_state_dict_file(state_dict: dict[str, np.ndarray], path: str | os.PathL
         return
     import torch
 
-    torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state_dict.items()}, str(path))
+    torch.save({k: torch.from_numpy(np.array(v)) for k, v in state_dict.items()}, str(path))  # np.array: a writable copy

@@ -1,0 +1,73 @@
+"""The live comparison suite against PyTorch 2.13.0 (installed by CI), and the report it renders."""
+
+import numpy as np
+import pytest
+
+from comparisons import quality, report
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    results, path = report.run_suite(out, include_quality=False, progress=lambda _: None)
+    return {r.name: r for r in results}, path
+
+
+def _result(suite, prefix):
+    matches = [r for name, r in suite[0].items() if name.startswith(prefix)]
+    assert len(matches) == 1, f"expected one check named {prefix!r}, found {[r.name for r in matches]}"
+    return matches[0]
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "per-layer forward and gradients",
+        "gradient stopping",
+        "linear regression, float64",
+        "linear regression, float32",
+        "DCGAN float64 trajectory, small widths, 100 steps",
+        "DCGAN float64 trajectory, the tutorial's widths",
+        "float32 teacher forcing, 50 steps",
+        "float64 trajectory vs recorded",
+    ],
+)
+def test_check_passes(suite, prefix):
+    result = _result(suite, prefix)
+    assert result.passed is True, f"{result.name}: {result.detail}"
+
+
+def test_float64_trajectory_is_exact_to_1e_10_at_every_step(suite):
+    curve = _result(suite, "DCGAN float64 trajectory, small widths").curves["per_step_max_abs"]
+    assert len(curve) == 100 and np.all(curve <= 1e-10)
+
+
+def test_teacher_forcing_holds_at_every_step(suite):
+    curves = _result(suite, "float32 teacher forcing, 50 steps").curves
+    assert len(curves["metric_rel"]) == 50 and np.all(curves["metric_rel"] <= 1e-5)
+    assert np.all(curves["param_abs"] <= 2 * 2e-4)
+
+
+def test_free_running_float32_agrees_at_the_first_step_then_drifts(suite):
+    curve = _result(suite, "float32 free-running drift").curves["per_step_max_abs"]
+    # From identical states the first step agrees to float32 rounding (the drift after it is only reported).
+    assert curve[0] < 1e-5
+
+
+def test_report_renders_with_its_plots(suite):
+    _, path = suite
+    text = path.read_text()
+    assert "| check | tolerance | measured | result | detail |" in text and "**FAIL**" not in text
+    for image in ("losses_float64.png", "differences.png", "losses_float32.png"):
+        assert f"({image})" in text and (path.parent / image).stat().st_size > 1000
+
+
+def test_long_float32_runs_reach_the_same_sample_quality():
+    result = quality.compare_quality(quality.QualitySpec(steps=300, nz=100, ngf=32, ndf=32), progress=lambda _: None)
+    assert result["classifier_accuracy"] > 0.9
+    for framework in ("jax", "pytorch"):
+        # Both learned: far below an untrained generator's distance (~2100), scores well above 1.
+        assert max(result["scores"][framework]["fd"]) < 0.5 * result["untrained_fd"]
+        assert min(result["scores"][framework]["score"]) > 2.0
+    assert result["verdicts"]["fd"]["passed"], result["verdicts"]["fd"]
+    assert result["verdicts"]["score"]["passed"], result["verdicts"]["score"]
