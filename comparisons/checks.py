@@ -14,7 +14,7 @@ import torch
 
 from comparisons import reference_runs, torch_linreg
 from comparisons.common import METRICS, CheckResult, RunSpec, compare_trajectory, teacher_forced_step
-from functional_gan import convert, layers, linreg
+from functional_gan import layers, linreg
 from functional_gan.replay import config_from_state_dicts, replay
 from functional_gan.train import gan_step
 

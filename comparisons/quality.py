@@ -134,7 +134,6 @@ def sample_images(generator_sd: dict, spec: QualitySpec, num: int, seed: int = 1
 
 def compare_quality(spec: QualitySpec, progress=print) -> dict:
     """Train both frameworks per seed and score their samples. Returns per-seed metrics and the verdict."""
-    from comparisons import torch_reference
     from comparisons.reference_runs import RunSpec, run_tutorial
     from functional_gan.replay import replay
 

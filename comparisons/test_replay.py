@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from comparisons import reference_runs, torch_reference
+from comparisons import torch_reference
 from comparisons.common import RunSpec, make_batches, max_state_difference
 from functional_gan import convert
 from functional_gan.main import main

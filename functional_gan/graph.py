@@ -118,7 +118,7 @@ def jaxpr_to_dot(closed_jaxpr, input_names: Sequence[str] | None = None, title: 
         node = f"e{index}"
         if eqn.primitive.name in CUT_PRIMITIVES:
             attrs = 'shape=octagon, style=filled, fillcolor="red", fontcolor="white", penwidth=2'
-            label = f"stop_gradient\\n(cut)"
+            label = "stop_gradient\\n(cut)"
         elif index in live_eqns:
             attrs = 'shape=ellipse, style=filled, fillcolor="palegreen"'
             label = _eqn_label(eqn)

@@ -485,30 +485,39 @@ _register(
 LESSON_GAN_CONFIG = dict(nz=8, ngf=4, ndf=4, nc=3, image_size=32, batch_size=4)
 
 
-def torch_gan_step() -> dict:
+def torch_d_step(net_g, net_d, config: dict, detach: bool) -> tuple[int, int]:
+    """The tutorial's D step (real, then ``netD(fake.detach())`` or ``netD(fake)``), backward included.
+
+    Returns (FLOPs by FlopCounterMode, number of aten convolution calls); gradients stay in ``.grad``.
+    """
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    c = config
+    torch.manual_seed(0)
+    real = torch.rand(c["batch_size"], c["nc"], c["image_size"], c["image_size"]) * 2 - 1
+    noise = torch.randn(c["batch_size"], c["nz"], 1, 1)
+    criterion = torch.nn.BCELoss()
+    with FlopCounterMode(display=False) as counter, _ConvolutionCounter() as convolutions:
+        net_d.zero_grad()
+        criterion(net_d(real).view(-1), torch.ones(c["batch_size"])).backward()
+        fake = net_g(noise)
+        output = net_d(fake.detach() if detach else fake).view(-1)
+        criterion(output, torch.zeros(c["batch_size"])).backward()
+    return int(counter.get_total_flops()), convolutions.count
+
+
+def torch_gan_step() -> dict:
     results = {}
-    c = LESSON_GAN_CONFIG
     for detach in (True, False):
-        torch.manual_seed(0)
         net_g, net_d = _torch_gan_models()
-        real = torch.rand(c["batch_size"], c["nc"], c["image_size"], c["image_size"]) * 2 - 1
-        noise = torch.randn(c["batch_size"], c["nz"], 1, 1)
-        criterion = torch.nn.BCELoss()
-        with FlopCounterMode(display=False) as counter:
-            net_d.zero_grad()
-            criterion(net_d(real).view(-1), torch.ones(c["batch_size"])).backward()
-            fake = net_g(noise)
-            output = net_d(fake.detach() if detach else fake).view(-1)
-            criterion(output, torch.zeros(c["batch_size"])).backward()
+        flops, _ = torch_d_step(net_g, net_d, LESSON_GAN_CONFIG, detach)
         g_grads = [p.grad for p in net_g.parameters()]
         label = "with detach()" if detach else "without detach()"
         results[f"{label}: netG .grad after the D step"] = (
             "all None" if all(g is None for g in g_grads) else f"filled, |sum| = {sum(float(g.abs().sum()) for g in g_grads):.3g}"
         )
-        results[f"{label}: D-step FLOPs"] = int(counter.get_total_flops())
+        results[f"{label}: D-step FLOPs"] = flops
     return results
 
 
@@ -619,26 +628,16 @@ def compiled_cost_table(config: dict | None = None) -> dict:
 
     torch_rows = {}
     try:
-        import torch
-        from torch.utils.flop_counter import FlopCounterMode
-
         from comparisons.torch_reference import make_models
     except ImportError as error:  # the JAX half stands alone
         torch_rows["unavailable"] = Raised.of(error)
     else:
         for detach in (True, False):
             net_g, net_d = make_models(nz=c["nz"], ngf=c["ngf"], ndf=c["ndf"], nc=c["nc"], image_size=c["image_size"], seed=0)
-            size = c["image_size"]
-            real_t = torch.rand(c["batch_size"], c["nc"], size, size) * 2 - 1
-            noise_t = torch.randn(c["batch_size"], c["nz"], 1, 1)
-            criterion = torch.nn.BCELoss()
-            with FlopCounterMode(display=False) as counter, _ConvolutionCounter() as convolutions:
-                criterion(net_d(real_t).view(-1), torch.ones(c["batch_size"])).backward()
-                fake = net_g(noise_t)
-                criterion(net_d(fake.detach() if detach else fake).view(-1), torch.zeros(c["batch_size"])).backward()
+            flops, convolutions = torch_d_step(net_g, net_d, c, detach)
             torch_rows[f"D step {'with' if detach else 'without'} detach()"] = {
-                "aten convolution calls (a backward call computes both gradients)": convolutions.count,
-                "GFLOP (FlopCounterMode)": round(counter.get_total_flops() / 1e9, 4),
+                "aten convolution calls (a backward call computes both gradients)": convolutions,
+                "GFLOP (FlopCounterMode)": round(flops / 1e9, 4),
             }
     return {"jax": jax_rows, "pytorch": torch_rows}
 

@@ -118,41 +118,8 @@ def train_jax_grad(data: LinRegData, lr: float = LEARNING_RATE, epochs: int = EP
     )
 
 
-def train_optax_sgd(data: LinRegData, lr: float = LEARNING_RATE, epochs: int = EPOCHS, dtype=jnp.float32) -> LinRegResult:
-    """``optax.sgd`` (PyTorch's ``optim.SGD`` without momentum), the loop one jitted ``lax.scan``."""
-    x_train, y_train, x_val, y_val = _jax_arrays(data, dtype)
-    b0, w0 = initial_parameters()
-    params = {"b": jnp.asarray(b0, dtype), "w": jnp.asarray(w0, dtype)}
-    optimizer = optax.sgd(lr)
-
-    @jax.jit
-    def run(params):
-        def epoch(carry, _):
-            params, opt_state = carry
-            loss, grads = jax.value_and_grad(mse_loss)(params, x_train, y_train)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), loss
-
-        (params, _), losses = jax.lax.scan(epoch, (params, optimizer.init(params)), None, length=epochs)
-        return params, losses
-
-    params, losses = run(params)
-    return LinRegResult(
-        "optax.sgd", float(params["b"]), float(params["w"]), float(losses[-1]),
-        float(mse_loss(params, x_val, y_val)), np.asarray(losses),
-    )
-
-
-def train_flax_dense(data: LinRegData, lr: float = LEARNING_RATE, epochs: int = EPOCHS, dtype=jnp.float32) -> LinRegResult:
-    """A Flax ``nn.Dense(1)`` (PyTorch's ``nn.Linear(1, 1)``) started at the book's values, trained with optax.sgd."""
-    x_train, y_train, x_val, y_val = _jax_arrays(data, dtype)
-    b0, w0 = initial_parameters()
-    model = nn.Dense(1, param_dtype=dtype, dtype=dtype)
-    params = {"params": {"kernel": jnp.full((1, 1), w0, dtype), "bias": jnp.full((1,), b0, dtype)}}
-    optimizer = optax.sgd(lr)
-
-    def loss_fn(params, x, y):
-        return jnp.mean((model.apply(params, x) - y) ** 2)
+def _train_with_optax(loss_fn, params, optimizer, x_train, y_train, epochs: int):
+    """Full-batch training with an optax optimizer, all epochs one jitted ``lax.scan``: (params, losses)."""
 
     @jax.jit
     def run(params):
@@ -165,7 +132,32 @@ def train_flax_dense(data: LinRegData, lr: float = LEARNING_RATE, epochs: int = 
         (params, _), losses = jax.lax.scan(epoch, (params, optimizer.init(params)), None, length=epochs)
         return params, losses
 
-    params, losses = run(params)
+    return run(params)
+
+
+def train_optax_sgd(data: LinRegData, lr: float = LEARNING_RATE, epochs: int = EPOCHS, dtype=jnp.float32) -> LinRegResult:
+    """``optax.sgd`` (PyTorch's ``optim.SGD`` without momentum), the loop one jitted ``lax.scan``."""
+    x_train, y_train, x_val, y_val = _jax_arrays(data, dtype)
+    b0, w0 = initial_parameters()
+    params = {"b": jnp.asarray(b0, dtype), "w": jnp.asarray(w0, dtype)}
+    params, losses = _train_with_optax(mse_loss, params, optax.sgd(lr), x_train, y_train, epochs)
+    return LinRegResult(
+        "optax.sgd", float(params["b"]), float(params["w"]), float(losses[-1]),
+        float(mse_loss(params, x_val, y_val)), np.asarray(losses),
+    )
+
+
+def train_flax_dense(data: LinRegData, lr: float = LEARNING_RATE, epochs: int = EPOCHS, dtype=jnp.float32) -> LinRegResult:
+    """A Flax ``nn.Dense(1)`` (PyTorch's ``nn.Linear(1, 1)``) started at the book's values, trained with optax.sgd."""
+    x_train, y_train, x_val, y_val = _jax_arrays(data, dtype)
+    b0, w0 = initial_parameters()
+    model = nn.Dense(1, param_dtype=dtype, dtype=dtype)
+    params = {"params": {"kernel": jnp.full((1, 1), w0, dtype), "bias": jnp.full((1,), b0, dtype)}}
+
+    def loss_fn(params, x, y):
+        return jnp.mean((model.apply(params, x) - y) ** 2)
+
+    params, losses = _train_with_optax(loss_fn, params, optax.sgd(lr), x_train, y_train, epochs)
     return LinRegResult(
         "flax nn.Dense + optax.sgd", float(params["params"]["bias"][0]), float(params["params"]["kernel"][0, 0]),
         float(losses[-1]), float(loss_fn(params, x_val, y_val)), np.asarray(losses),

@@ -18,7 +18,7 @@ import numpy as np
 
 from functional_gan import convert
 from functional_gan.config import TrainConfig
-from functional_gan.train import GANState, gan_step, make_optimizer
+from functional_gan.train import GANState, gan_step, state_from_variables
 
 METRIC_KEYS = ("loss_d", "loss_g", "d_x", "d_g_z1", "d_g_z2")
 
@@ -54,17 +54,7 @@ def state_from_state_dicts(config: TrainConfig, generator_sd, discriminator_sd, 
     def cast(tree):
         return jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype if np.issubdtype(np.asarray(a).dtype, np.floating) else None), tree)
 
-    g, d = cast(g), cast(d)
-    optimizer = make_optimizer(config)
-    return GANState(
-        step=jnp.zeros((), jnp.int32),
-        generator_params=g["params"],
-        generator_batch_stats=g["batch_stats"],
-        discriminator_params=d["params"],
-        discriminator_batch_stats=d["batch_stats"],
-        generator_opt_state=optimizer.init(g["params"]),
-        discriminator_opt_state=optimizer.init(d["params"]),
-    )
+    return state_from_variables(config, cast(g), cast(d))
 
 
 def _check_batches(real_NCHW: np.ndarray, noise_NCHW: np.ndarray, config: TrainConfig) -> None:

@@ -70,8 +70,11 @@ def init_state(config: TrainConfig, dtype=jnp.float32) -> GANState:
     key_g, key_d = jax.random.split(root_key(config, _INIT_STREAM))
     z = jnp.zeros((2, config.nz), dtype)
     images = jnp.zeros((2, config.image_size, config.image_size, config.nc), dtype)
-    generator_vars = generator.init(key_g, z)
-    discriminator_vars = discriminator.init(key_d, images)
+    return state_from_variables(config, generator.init(key_g, z), discriminator.init(key_d, images))
+
+
+def state_from_variables(config: TrainConfig, generator_vars, discriminator_vars) -> GANState:
+    """A GANState at step 0 holding the given Flax variables ({'params', 'batch_stats'}) and fresh Adam states."""
     optimizer = make_optimizer(config)
     return GANState(
         step=jnp.zeros((), jnp.int32),

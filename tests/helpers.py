@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from functional_gan import convert
-from functional_gan.train import GANState, make_optimizer
+from functional_gan.replay import state_from_state_dicts
+from functional_gan.train import GANState
 
 
 def nchw_to_nhwc(x):
@@ -22,19 +22,8 @@ def state_from_torch(config, net_g, net_d) -> GANState:
     """A fresh GANState (fresh Adam) holding the PyTorch models' exact weights and running statistics."""
     from comparisons.torch_reference import state_dict_numpy
 
-    g = convert.state_dict_to_variables(state_dict_numpy(net_g))
-    d = convert.state_dict_to_variables(state_dict_numpy(net_d))
-    optimizer = make_optimizer(config)
-    state = GANState(
-        step=np.zeros((), np.int32),
-        generator_params=g["params"],
-        generator_batch_stats=g["batch_stats"],
-        discriminator_params=d["params"],
-        discriminator_batch_stats=d["batch_stats"],
-        generator_opt_state=optimizer.init(g["params"]),
-        discriminator_opt_state=optimizer.init(d["params"]),
-    )
-    return jax.tree_util.tree_map(jnp.asarray, state)
+    dtype = jnp.float64 if next(net_g.parameters()).dtype.itemsize == 8 else jnp.float32
+    return state_from_state_dicts(config, state_dict_numpy(net_g), state_dict_numpy(net_d), dtype)
 
 
 def max_state_dict_difference(jax_params, jax_batch_stats, torch_module) -> float:

@@ -9,7 +9,7 @@ import torch
 from comparisons import torch_reference
 from functional_gan import convert
 from functional_gan.models import Discriminator, Generator, count_params
-from tests.helpers import nchw_to_nhwc, nhwc_to_nchw
+from tests.helpers import nhwc_to_nchw
 
 
 def test_default_parameter_counts_equal_the_tutorials():

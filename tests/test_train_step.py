@@ -1,6 +1,5 @@
 """The functional GAN step: a real step, stop_gradient, running statistics, PyTorch agreement."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
