@@ -47,6 +47,20 @@ def median_seconds(fn, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def interleaved_medians(first, second, repeats: int, warmup: int = 2) -> tuple[float, float]:
+    """Median seconds of two functions timed alternately, so that a change in machine load hits both alike."""
+    for _ in range(warmup):
+        first()
+        second()
+    times_first, times_second = [], []
+    for _ in range(repeats):
+        for fn, times in ((first, times_first), (second, times_second)):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times_first), statistics.median(times_second)
+
+
 def matmul_peak_gflops(repeats: int = 5) -> tuple[float, float]:
     n = 2048
     a = jnp.ones((n, n), jnp.float32)
@@ -86,8 +100,6 @@ def bench_batch(config: TrainConfig, batch: int, repeats: int, torch_compile: bo
         holder["state"], metrics = step(holder["state"], real_NHWC)
         jax.block_until_ready(metrics)
 
-    jax_s = median_seconds(jax_step, repeats)
-
     # PyTorch: the tutorial's eager iteration on the same batch.
     net_g, net_d = torch_reference.make_models(config.nz, config.ngf, config.ndf, config.nc, config.image_size)
     opt_g, opt_d = torch_reference.make_optimizers(net_g, net_d)
@@ -98,7 +110,7 @@ def bench_batch(config: TrainConfig, batch: int, repeats: int, torch_compile: bo
         noise = torch.randn(batch, config.nz, 1, 1)
         torch_reference.tutorial_iteration(net_g, net_d, opt_g, opt_d, criterion, real_t, noise)
 
-    torch_s = median_seconds(torch_step, repeats)
+    jax_s, torch_s = interleaved_medians(jax_step, torch_step, repeats)
     result = {"batch": batch, "jax_compile_s": compile_s, "jax_s": jax_s, "torch_eager_s": torch_s}
     if torch_compile:
         compiled_g, compiled_d = torch.compile(net_g), torch.compile(net_d)
@@ -145,7 +157,7 @@ def main(argv=None) -> int:
     print(f"JAX {jax.__version__} on {jax.default_backend()} ({jax.devices()[0]}); PyTorch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; float32, default precision on both sides")
     print(f"nets: image {config.image_size}, nz {config.nz}, ngf {config.ngf}, ndf {config.ndf}; "
-          f"median of {args.repeats} steps after warm-up")
+          f"median of {args.repeats} steps after warm-up, JAX and PyTorch steps alternating")
     jax_peak, torch_peak = matmul_peak_gflops()
     peak = max(jax_peak, torch_peak)
     print(f"measured peak (2048² matmul): JAX {jax_peak:.0f} GFLOP/s, PyTorch {torch_peak:.0f} GFLOP/s")
