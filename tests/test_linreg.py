@@ -62,3 +62,11 @@ def test_pytorch_counterparts_agree_with_the_jax_trainers(torch_trainer):
     ours32 = linreg.train_jax_grad(data)
     # float32 in both: the same operations up to rounding; 1000 epochs keep them within 1e-5.
     assert theirs32.b == pytest.approx(ours32.b, abs=1e-5) and theirs32.w == pytest.approx(ours32.w, abs=1e-5)
+
+
+def test_cli_prints_every_trainer(capsys):
+    from functional_gan.main import main
+
+    assert main(["linreg", "--float64", "--torch"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "1.02354094" in line and "1.96896411" in line]
+    assert len(lines) == 8, "NumPy, three JAX trainers and four PyTorch variants reach the book's float64 numbers"
