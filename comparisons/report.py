@@ -6,16 +6,12 @@ import time
 from pathlib import Path
 
 import jax
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from comparisons import checks, fixtures, quality  # noqa: E402
-from comparisons.common import CheckResult  # noqa: E402
-from functional_gan import plots  # noqa: E402
+from comparisons import checks, fixtures, quality
+from comparisons.common import CheckResult
+from functional_gan import plots
 
 
 def set_parity_precision() -> None:
@@ -26,19 +22,7 @@ def set_parity_precision() -> None:
 
 
 def _plot_curves(path: Path, title: str, series: dict[str, np.ndarray], ylabel: str, log: bool = False) -> Path:
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for label, values in series.items():
-        ax.plot(np.arange(1, len(values) + 1), values, label=label)
-    ax.set_title(title)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel(ylabel)
-    if log:
-        ax.set_yscale("log")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return plots.save_line_plot(series, path, title, ylabel, log=log, figsize=(9, 4.5))
 
 
 def _plot_losses(path: Path, title: str, torch_metrics: dict, jax_metrics: dict) -> Path:
@@ -46,18 +30,6 @@ def _plot_losses(path: Path, title: str, torch_metrics: dict, jax_metrics: dict)
         "PyTorch Loss_D": torch_metrics["loss_d"], "JAX Loss_D": jax_metrics["loss_d"],
         "PyTorch Loss_G": torch_metrics["loss_g"], "JAX Loss_G": jax_metrics["loss_g"],
     }, "loss")
-
-
-def _sample_figure(path: Path, panels: dict[str, np.ndarray]) -> Path:
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5.4))
-    for ax, (title, images) in zip(np.atleast_1d(axes), panels.items()):
-        ax.axis("off")
-        ax.set_title(title)
-        ax.imshow(plots.make_grid(images))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def run_suite(out_dir: str | Path, include_quality: bool = True, quality_spec: quality.QualitySpec | None = None,
@@ -116,7 +88,7 @@ def run_suite(out_dir: str | Path, include_quality: bool = True, quality_spec: q
         figures.append((f"Sample quality run, seed {seed}: loss curves",
                         _plot_losses(out / "losses_quality_run.png", f"digits, seed {seed}, float32", q["curves"][seed]["pytorch"], q["curves"][seed]["jax"])))
         figures.append(("Samples: real digits, trained in PyTorch, trained in JAX (same initial weights, data and noise)",
-                        _sample_figure(out / "samples.png", {"real": q["real_samples"], "PyTorch": q["samples"]["pytorch"], "JAX": q["samples"]["jax"]})))
+                        plots.save_grids_side_by_side({"real": q["real_samples"], "PyTorch": q["samples"]["pytorch"], "JAX": q["samples"]["jax"]}, out / "samples.png")))
         quality_section = (
             f"\nThe quality classifier (an MLP trained in JAX on 80% of the digits) scores {q['classifier_accuracy']:.1%} on the other 20%. "
             f"An untrained generator's Fréchet distance is {q['untrained_fd']:.0f}.\n"

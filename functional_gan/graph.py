@@ -251,21 +251,15 @@ def linreg_graphs() -> dict[str, str]:
 
 def d_step_graphs() -> dict[str, str]:
     """The DCGAN's D loss as a function of G's and D's parameters: the G side is seen to be cut."""
-    from functional_gan.lessons import _jax_gan_setup
-    from functional_gan.train import discriminator_loss
+    from functional_gan.lessons import gan_d_loss
 
-    generator, discriminator, variables_g, variables_d, real, noise = _jax_gan_setup()
-
-    def d_loss(generator_params, discriminator_params):
-        fake, _ = generator.apply({"params": generator_params, "batch_stats": variables_g["batch_stats"]}, noise, mutable=["batch_stats"])
-        return discriminator_loss(discriminator, discriminator_params, variables_d["batch_stats"], real, fake)[0]
-
-    closed = jax.make_jaxpr(d_loss)(variables_g["params"], variables_d["params"])
-    leaves_g = jax.tree_util.tree_flatten_with_path(variables_g["params"])[0]
-    leaves_d = jax.tree_util.tree_flatten_with_path(variables_d["params"])[0]
+    d_loss, generator_params, discriminator_params = gan_d_loss()
+    closed = jax.make_jaxpr(d_loss)(generator_params, discriminator_params)
+    leaves_g = jax.tree_util.tree_flatten_with_path(generator_params)[0]
+    leaves_d = jax.tree_util.tree_flatten_with_path(discriminator_params)[0]
     names = [f"G {jax.tree_util.keystr(p)}" for p, _ in leaves_g] + [f"D {jax.tree_util.keystr(p)}" for p, _ in leaves_d]
     graphs = {"dstep_jax_loss": jaxpr_to_dot(closed, names, "JAX: the D loss of the DCGAN step, G's side cut by stop_gradient(fake)")}
-    gradient = jax.make_jaxpr(jax.grad(d_loss, argnums=(0, 1)))(variables_g["params"], variables_d["params"])
+    gradient = jax.make_jaxpr(jax.grad(d_loss, argnums=(0, 1)))(generator_params, discriminator_params)
     graphs["dstep_jax_grad"] = jaxpr_to_dot(
         gradient, names, "JAX: its gradient wrt G and D: G's entries are constant zeros, no G backward", mark_cut=False
     )
@@ -273,10 +267,10 @@ def d_step_graphs() -> dict[str, str]:
         import torch
     except ImportError:
         return graphs
-    from functional_gan.lessons import _torch_gan_models, LESSON_GAN_CONFIG
+    from functional_gan.lessons import torch_gan_models, LESSON_GAN_CONFIG
 
     c = LESSON_GAN_CONFIG
-    net_g, net_d = _torch_gan_models()
+    net_g, net_d = torch_gan_models()
     params = {f"netG.{n}": p for n, p in net_g.named_parameters()} | {f"netD.{n}": p for n, p in net_d.named_parameters()}
     real_t = torch.rand(c["batch_size"], c["nc"], c["image_size"], c["image_size"]) * 2 - 1
     fake = net_g(torch.randn(c["batch_size"], c["nz"], 1, 1))

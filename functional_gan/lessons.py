@@ -510,7 +510,7 @@ def torch_d_step(net_g, net_d, config: dict, detach: bool) -> tuple[int, int]:
 def torch_gan_step() -> dict:
     results = {}
     for detach in (True, False):
-        net_g, net_d = _torch_gan_models()
+        net_g, net_d = torch_gan_models()
         flops, _ = torch_d_step(net_g, net_d, LESSON_GAN_CONFIG, detach)
         g_grads = [p.grad for p in net_g.parameters()]
         label = "with detach()" if detach else "without detach()"
@@ -522,40 +522,37 @@ def torch_gan_step() -> dict:
 
 
 def jax_gan_step() -> dict:
-    from functional_gan.train import discriminator_loss
-
-    generator, discriminator, variables_g, variables_d, real, noise = _jax_gan_setup()
-
-    def d_loss(g_params, d_params, detach):
-        fake, _ = generator.apply(
-            {"params": g_params, "batch_stats": variables_g["batch_stats"]}, noise, mutable=["batch_stats"]
-        )
-        loss, _ = discriminator_loss(discriminator, d_params, variables_d["batch_stats"], real, fake, detach=detach)
-        return loss
-
+    d_loss, generator_params, discriminator_params = gan_d_loss()
     results = {}
-    d_only = {d: jax.grad(d_loss, argnums=1)(variables_g["params"], variables_d["params"], d) for d in (True, False)}
+    d_only = {d: jax.grad(d_loss, argnums=1)(generator_params, discriminator_params, d) for d in (True, False)}
     results["grad wrt D only: top-level keys of the result"] = sorted(d_only[True].keys())[:3] + ["..."]
     results["grad wrt D only: identical with and without stop_gradient"] = all(
         bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree_util.tree_leaves(d_only[True]), jax.tree_util.tree_leaves(d_only[False]))
     )
     for detach in (True, False):
-        g_grads, _ = jax.grad(d_loss, argnums=(0, 1))(variables_g["params"], variables_d["params"], detach)
+        g_grads, _ = jax.grad(d_loss, argnums=(0, 1))(generator_params, discriminator_params, detach)
         total = sum(float(jnp.sum(jnp.abs(leaf))) for leaf in jax.tree_util.tree_leaves(g_grads))
         label = "with stop_gradient" if detach else "without stop_gradient"
         results[f"grad wrt G and D, {label}: |sum of G's gradient|"] = total
     return results
 
 
-def _torch_gan_models():
+def torch_gan_models():
     from comparisons.torch_reference import make_models
 
     c = LESSON_GAN_CONFIG
     return make_models(nz=c["nz"], ngf=c["ngf"], ndf=c["ndf"], nc=c["nc"], image_size=c["image_size"], seed=0)
 
 
-def _jax_gan_setup(config: dict | None = None):
+def gan_d_loss(config: dict | None = None):
+    """The DCGAN's D loss as a function of both networks' parameters, on a fixed batch and noise.
+
+    Returns ``(d_loss, generator_params, discriminator_params)`` where
+    ``d_loss(generator_params, discriminator_params, detach=True)`` runs G's forward and then the
+    tutorial's D loss, with ``stop_gradient(fake)`` when ``detach``.
+    """
     from functional_gan.models import Discriminator, Generator
+    from functional_gan.train import discriminator_loss
 
     c = config or LESSON_GAN_CONFIG
     generator = Generator(nz=c["nz"], ngf=c["ngf"], nc=c["nc"], image_size=c["image_size"])
@@ -566,7 +563,15 @@ def _jax_gan_setup(config: dict | None = None):
     variables_d = discriminator.init(key_d, jnp.zeros((1, size, size, c["nc"])))
     real = jax.random.uniform(key_real, (c["batch_size"], size, size, c["nc"]), minval=-1, maxval=1)
     noise = jax.random.normal(key_noise, (c["batch_size"], c["nz"]))
-    return generator, discriminator, variables_g, variables_d, real, noise
+
+    def d_loss(generator_params, discriminator_params, detach=True):
+        fake, _ = generator.apply(
+            {"params": generator_params, "batch_stats": variables_g["batch_stats"]}, noise, mutable=["batch_stats"]
+        )
+        loss, _ = discriminator_loss(discriminator, discriminator_params, variables_d["batch_stats"], real, fake, detach=detach)
+        return loss
+
+    return d_loss, variables_g["params"], variables_d["params"]
 
 
 _register(
@@ -606,20 +611,13 @@ def compiled_cost_table(config: dict | None = None) -> dict:
     ``compiled.cost_analysis()`` (it skips padding, so it runs ~13% under PyTorch's convention);
     the convolution count is the number of ``convolution`` ops in the optimised HLO.
     """
-    from functional_gan.train import discriminator_loss
-
     c = config or LESSON_GAN_CONFIG
-    generator, discriminator, variables_g, variables_d, real, noise = _jax_gan_setup(c)
-
-    def d_loss(g_params, d_params, detach):
-        fake, _ = generator.apply({"params": g_params, "batch_stats": variables_g["batch_stats"]}, noise, mutable=["batch_stats"])
-        return discriminator_loss(discriminator, d_params, variables_d["batch_stats"], real, fake, detach=detach)[0]
-
+    d_loss, generator_params, discriminator_params = gan_d_loss(c)
     jax_rows = {}
     for argnums, wrt in ((1, "D"), ((0, 1), "G and D")):
         for detach in (True, False):
             fn = jax.jit(jax.grad(lambda g, d, detach=detach, argnums=argnums: d_loss(g, d, detach), argnums=argnums))
-            compiled = fn.lower(variables_g["params"], variables_d["params"]).compile()
+            compiled = fn.lower(generator_params, discriminator_params).compile()
             cost = compiled.cost_analysis()
             cost = cost[0] if isinstance(cost, (list, tuple)) else cost
             convolutions = sum(" convolution(" in line for line in compiled.as_text().splitlines())

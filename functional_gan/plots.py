@@ -48,20 +48,28 @@ def save_grid(images_NHWC: np.ndarray, path: str | os.PathLike, nrow: int = 8) -
     return path
 
 
-def save_loss_plot(loss_g: list[float], loss_d: list[float], path: str | os.PathLike) -> Path:
-    """The tutorial's "Generator and Discriminator Loss During Training" plot."""
+def save_line_plot(series: dict[str, np.ndarray], path: str | os.PathLike, title: str, ylabel: str,
+                   log: bool = False, figsize=(10, 5)) -> Path:
+    """Curves over iterations (numbered from 1), one per entry of ``series``."""
     path = Path(path)
-    fig, ax = plt.subplots(figsize=(10, 5))
-    ax.set_title("Generator and Discriminator Loss During Training")
-    ax.plot(loss_g, label="G")
-    ax.plot(loss_d, label="D")
+    fig, ax = plt.subplots(figsize=figsize)
+    for label, values in series.items():
+        ax.plot(np.arange(1, len(values) + 1), values, label=label)
+    ax.set_title(title)
     ax.set_xlabel("iterations")
-    ax.set_ylabel("Loss")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def save_loss_plot(loss_g: list[float], loss_d: list[float], path: str | os.PathLike) -> Path:
+    """The tutorial's "Generator and Discriminator Loss During Training" plot."""
+    return save_line_plot({"G": loss_g, "D": loss_d}, path, "Generator and Discriminator Loss During Training", "Loss")
 
 
 def save_progress_gif(grid_paths: list[Path], path: str | os.PathLike, frame_ms: int = 600) -> Path | None:
@@ -74,15 +82,20 @@ def save_progress_gif(grid_paths: list[Path], path: str | os.PathLike, frame_ms:
     return path
 
 
-def save_real_vs_fake(real_NHWC: np.ndarray, fake_NHWC: np.ndarray, path: str | os.PathLike) -> Path:
-    """The tutorial's closing figure: "Real Images" beside "Fake Images"."""
+def save_grids_side_by_side(panels: dict[str, np.ndarray], path: str | os.PathLike, padding: int = 2) -> Path:
+    """One titled image grid per entry of ``panels`` (title → images NHWC), side by side."""
     path = Path(path)
-    fig, axes = plt.subplots(1, 2, figsize=(15, 8))
-    for ax, title, images in ((axes[0], "Real Images", real_NHWC), (axes[1], "Fake Images", fake_NHWC)):
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 8))
+    for ax, (title, images) in zip(np.atleast_1d(axes), panels.items()):
         ax.axis("off")
         ax.set_title(title)
-        ax.imshow(make_grid(images[:64], padding=5))
+        ax.imshow(make_grid(images[:64], padding=padding))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def save_real_vs_fake(real_NHWC: np.ndarray, fake_NHWC: np.ndarray, path: str | os.PathLike) -> Path:
+    """The tutorial's closing figure: "Real Images" beside "Fake Images"."""
+    return save_grids_side_by_side({"Real Images": real_NHWC, "Fake Images": fake_NHWC}, path, padding=5)
