@@ -4,8 +4,10 @@ Everything that must agree numerically with ``torch.nn`` lives here:
 
 * :func:`conv2d` / :class:`Conv2d` — ``nn.Conv2d`` (weight ``(out, in, kH, kW)``, symmetric padding).
 * :func:`conv_transpose2d` / :class:`ConvTranspose2d` — ``nn.ConvTranspose2d`` (weight
-  ``(in, out, kH, kW)``, PyTorch's meaning of ``padding``), with a custom VJP that keeps XLA on CPU
-  off its slow path for transposed-convolution kernel gradients.
+  ``(in, out, kH, kW)``, PyTorch's meaning of ``padding``).
+
+Both convolutions carry custom VJPs, and the transposed one a sub-pixel forward on CPU, so that
+no convolution with input dilation (XLA:CPU's slow path) is left in a training step.
 * :class:`BatchNorm2d` — ``nn.BatchNorm2d`` in training and eval mode, running statistics included.
 * :func:`bce_loss` — ``nn.BCELoss()`` with its clamp at −100 and its saturation-safe backward.
 
@@ -15,6 +17,9 @@ renaming alone; activations are NHWC, the layout XLA prefers on every backend.
 
 from __future__ import annotations
 
+import functools
+import math
+import os
 from functools import partial
 
 import flax.linen as nn
@@ -25,14 +30,192 @@ from jax import lax
 
 _NHWC_HWIO = ("NHWC", "HWIO", "NHWC")
 
+# Which form the transposed convolution (and every strided convolution's input gradient) takes:
+# "subpixel" (no input dilation; see _subpixel_conv_transpose) or "dilated" (the textbook form).
+# XLA:CPU runs convolutions with input dilation on a slow generic path, so the CPU default is
+# "subpixel"; GPUs and TPUs run dilated convolutions in their libraries (cuDNN), so they keep it.
+# Both forms are tested equal to each other and to PyTorch. Override with the environment variable.
+TRANSPOSED_CONV_FORM_ENV = "FUNCTIONAL_GAN_TRANSPOSED_CONV"
+TRANSPOSED_CONV_FORMS = ("subpixel", "dilated")
+
+
+def transposed_conv_form() -> str:
+    """``"subpixel"`` on CPU, ``"dilated"`` elsewhere, unless ``$FUNCTIONAL_GAN_TRANSPOSED_CONV`` says otherwise."""
+    form = os.environ.get(TRANSPOSED_CONV_FORM_ENV) or ("subpixel" if jax.default_backend() == "cpu" else "dilated")
+    if form not in TRANSPOSED_CONV_FORMS:
+        raise ValueError(f"${TRANSPOSED_CONV_FORM_ENV}={form!r}: choose one of {TRANSPOSED_CONV_FORMS}")
+    return form
+
 
 def _torch_conv_weight_to_hwio(weight_OIHW: jax.Array) -> jax.Array:
     """PyTorch's Conv2d weight (out, in, kH, kW) → lax's HWIO kernel."""
     return jnp.transpose(weight_OIHW, (2, 3, 1, 0))
 
 
+# On CPU a convolution whose activations overflow the cache slows down more than linearly with
+# the batch (measured in benchmarks/: D's 64→128 layer at 32×32 took 3.4× as long at batch 128 as
+# at batch 64). Splitting the batch into chunks whose input and output fit this budget keeps the
+# cost linear. Convolutions are per sample, so a split forward is exact; weight gradients become
+# sums over chunks (a different summation order, float rounding only).
+CPU_CONV_CHUNK_BYTES = 8 * 2**20
+
+
+def _batch_chunks(batch: int, bytes_per_sample: int) -> int:
+    """How many equal chunks to split a batch into on CPU (1 elsewhere, or when it fits)."""
+    if jax.default_backend() != "cpu":
+        return 1
+    chunks = 1
+    while batch % (2 * chunks) == 0 and (batch // chunks) * bytes_per_sample > CPU_CONV_CHUNK_BYTES:
+        chunks *= 2
+    return chunks
+
+
+def _per_sample_bytes(*arrays_NHWC) -> int:
+    return sum(math.prod(a.shape[1:]) * a.dtype.itemsize for a in arrays_NHWC)
+
+
+def _map_batch(fn, x_NHWC, out_per_sample_bytes: int):
+    """``fn(x)`` computed chunk by chunk along the batch (see CPU_CONV_CHUNK_BYTES)."""
+    chunks = _batch_chunks(x_NHWC.shape[0], _per_sample_bytes(x_NHWC) + out_per_sample_bytes)
+    if chunks == 1:
+        return fn(x_NHWC)
+    return jnp.concatenate([fn(part) for part in jnp.split(x_NHWC, chunks)], axis=0)
+
+
+def _conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def _lax_conv2d(x_NHWC, weight_OIHW, stride, padding):
+    kernel_HWIO = _torch_conv_weight_to_hwio(weight_OIHW)
+
+    def convolve(x):
+        return lax.conv_general_dilated(
+            x,
+            kernel_HWIO,
+            window_strides=(stride, stride),
+            padding=((padding, padding), (padding, padding)),
+            dimension_numbers=_NHWC_HWIO,
+        )
+
+    out_h = _conv_output_size(x_NHWC.shape[1], weight_OIHW.shape[2], stride, padding)
+    out_w = _conv_output_size(x_NHWC.shape[2], weight_OIHW.shape[3], stride, padding)
+    return _map_batch(convolve, x_NHWC, out_h * out_w * weight_OIHW.shape[0] * x_NHWC.dtype.itemsize)
+
+
+def _conv2d_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding):
+    """The kernel gradient of ``conv2d(x, ·)`` at output cotangent ``dy``: an ordinary weight-gradient convolution."""
+
+    def gradient(x, dy):
+        _, kernel_vjp = jax.vjp(lambda w: _lax_conv2d(x, w, stride, padding), weight_OIHW)
+        return kernel_vjp(dy)[0]
+
+    chunks = _batch_chunks(x_NHWC.shape[0], _per_sample_bytes(x_NHWC, dy_NHWC))
+    if chunks == 1:
+        return gradient(x_NHWC, dy_NHWC)
+    parts = [gradient(x, dy) for x, dy in zip(jnp.split(x_NHWC, chunks), jnp.split(dy_NHWC, chunks))]
+    return functools.reduce(jnp.add, parts)
+
+
+def transposed_output_size(size: int, kernel: int, stride: int, padding: int, output_padding: int = 0) -> int:
+    """PyTorch's ConvTranspose2d output size: ``(size - 1) * stride - 2 * padding + kernel + output_padding``."""
+    return (size - 1) * stride - 2 * padding + kernel + output_padding
+
+
+def _dilated_conv_transpose(x_NHWC, weight_IOHW, stride, padding, out_hw):
+    # ConvTranspose2d is the input-gradient of Conv2d(out → in) with the same weight: a
+    # stride-1 convolution of the input dilated by `stride`, padded by k-1-p (not p: PyTorch's p
+    # removes rows from the *output*), with the kernel flipped and in/out swapped.
+    kernel_h, kernel_w = weight_IOHW.shape[2:]
+    extra_h = out_hw[0] - transposed_output_size(x_NHWC.shape[1], kernel_h, stride, padding)
+    extra_w = out_hw[1] - transposed_output_size(x_NHWC.shape[2], kernel_w, stride, padding)
+    kernel_HWIO = jnp.transpose(weight_IOHW[:, :, ::-1, ::-1], (2, 3, 0, 1))
+    return lax.conv_general_dilated(
+        x_NHWC,
+        kernel_HWIO,
+        window_strides=(1, 1),
+        padding=(
+            (kernel_h - 1 - padding, kernel_h - 1 - padding + extra_h),
+            (kernel_w - 1 - padding, kernel_w - 1 - padding + extra_w),
+        ),
+        lhs_dilation=(stride, stride),
+        dimension_numbers=_NHWC_HWIO,
+    )
+
+
+def _subpixel_plan(kernel: int, stride: int, padding: int):
+    """How output phase ``r`` (rows ``stride·m + r``) of a transposed convolution reads the input.
+
+    Output row ``i = s·m + r`` receives ``x[u]·w[a]`` for every ``a = i + p − s·u`` in ``[0, k)``:
+    the taps ``a = a0_r + s·j`` (``a0_r = (r + p) mod s``) meet ``x[m + q_r − j]``
+    (``q_r = (r + p) div s``). So each phase is a stride-1 correlation of the input with a
+    ``ceil(k/s)``-tap sub-kernel, and all phases share one padded input, shifted by
+    ``q_r − min q``. Returns (taps, kernel index per (phase, tap), shift per phase, low padding).
+    """
+    taps = -(-kernel // stride)
+    q = [(r + padding) // stride for r in range(stride)]
+    first_tap = [(r + padding) % stride for r in range(stride)]
+    index = np.array([[first_tap[r] + stride * (taps - 1 - d) for d in range(taps)] for r in range(stride)])
+    shift = [q[r] - min(q) for r in range(stride)]
+    return taps, index, shift, taps - 1 - min(q)
+
+
+def _subpixel_conv_transpose(x_NHWC, weight_IOHW, stride, padding, out_hw):
+    """The transposed convolution without input dilation (the "sub-pixel" form).
+
+    The ``s²`` output phases are computed by ONE stride-1 VALID convolution of the padded input
+    with ``s²·out`` output channels (the sub-kernels stacked), then interleaved. The sub-kernels
+    are picked out of the kernel by indexing (no reverse op, which would keep XLA's convolution
+    libraries away). For the DCGAN's 4×4 stride-2 padding-1 layers that is a 2×2 convolution;
+    the phases cover a grid one row and column larger than needed (13% extra FLOPs at 16×16).
+    """
+    n, h, w, c_in = x_NHWC.shape
+    _, c_out, kernel, _ = weight_IOHW.shape
+    taps, index, shift, pad_low = _subpixel_plan(kernel, stride, padding)
+    padded_kernel = taps * stride  # taps that fall beyond the kernel read zeros
+    weight = jnp.pad(weight_IOHW, ((0, 0), (0, 0), (0, padded_kernel - kernel), (0, padded_kernel - kernel)))
+    sub_kernels = weight[:, :, index[:, None, :, None], index[None, :, None, :]]  # (in, out, r, c, dh, dw)
+    kernel_HWIO = jnp.transpose(sub_kernels, (4, 5, 0, 2, 3, 1)).reshape(taps, taps, c_in, stride * stride * c_out)
+    rows, cols = -(-out_hw[0] // stride), -(-out_hw[1] // stride)  # outputs per phase
+    pad_high_h = max(shift) + rows + taps - 1 - h - pad_low
+    pad_high_w = max(shift) + cols + taps - 1 - w - pad_low
+    x_padded = lax.pad(
+        x_NHWC, jnp.zeros((), x_NHWC.dtype), ((0, 0, 0), (pad_low, pad_high_h, 0), (pad_low, pad_high_w, 0), (0, 0, 0))
+    )
+    z_h, z_w = x_padded.shape[1] - taps + 1, x_padded.shape[2] - taps + 1
+    z = _map_batch(
+        lambda part: lax.conv_general_dilated(part, kernel_HWIO, (1, 1), "VALID", dimension_numbers=_NHWC_HWIO),
+        x_padded,
+        z_h * z_w * kernel_HWIO.shape[3] * x_NHWC.dtype.itemsize,
+    )
+    z = z.reshape(n, z.shape[1], z.shape[2], stride, stride, c_out)
+    phases = jnp.stack(
+        [
+            jnp.stack([z[:, shift[r] : shift[r] + rows, shift[c] : shift[c] + cols, r, c] for c in range(stride)], axis=3)
+            for r in range(stride)
+        ],
+        axis=2,
+    )  # (n, rows, r, cols, c, out): row s·m + r, column s·q + c
+    y = phases.reshape(n, rows * stride, cols * stride, c_out)
+    return y[:, : out_hw[0], : out_hw[1]]
+
+
+def _conv_transpose_forward(x_NHWC, weight_IOHW, stride, padding, out_hw):
+    if stride == 1 or transposed_conv_form() == "dilated":  # stride 1 has no dilation to remove
+        return _dilated_conv_transpose(x_NHWC, weight_IOHW, stride, padding, out_hw)
+    return _subpixel_conv_transpose(x_NHWC, weight_IOHW, stride, padding, out_hw)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def conv2d(x_NHWC: jax.Array, weight_OIHW: jax.Array, stride: int, padding: int) -> jax.Array:
     """``torch.nn.functional.conv2d`` without bias, on NHWC activations.
+
+    The gradient is written by hand (a custom VJP) so that no convolution with input dilation
+    is left in the backward pass on CPU: the input cotangent is the transposed convolution of
+    ``dy`` (:func:`conv_transpose2d`, in its sub-pixel form on CPU), the kernel cotangent is the
+    ordinary weight-gradient convolution. JAX's own derivative (``conv2d_reference``) computes
+    the input cotangent as a convolution of ``dy`` dilated by the stride, which XLA:CPU runs on
+    a slow generic path. Both are tested equal to PyTorch, and differentiable again.
 
     Args:
       x_NHWC: input, channels last.
@@ -43,83 +226,98 @@ def conv2d(x_NHWC: jax.Array, weight_OIHW: jax.Array, stride: int, padding: int)
     Returns:
       The output, NHWC.
     """
-    return lax.conv_general_dilated(
-        x_NHWC,
-        _torch_conv_weight_to_hwio(weight_OIHW),
-        window_strides=(stride, stride),
-        padding=((padding, padding), (padding, padding)),
-        dimension_numbers=_NHWC_HWIO,
-    )
+    return _lax_conv2d(x_NHWC, weight_OIHW, stride, padding)
 
 
-def _conv_transpose2d_forward(x_NHWC, weight_IOHW, stride, padding):
-    # ConvTranspose2d is the input-gradient of Conv2d(out → in) with the same weight: a
-    # stride-1 convolution of the input dilated by `stride`, padded by k-1-p (not p: PyTorch's p
-    # removes rows from the *output*), with the kernel flipped and in/out swapped.
-    kernel_h, kernel_w = weight_IOHW.shape[2:]
-    kernel_HWIO = jnp.transpose(weight_IOHW[:, :, ::-1, ::-1], (2, 3, 0, 1))
-    return lax.conv_general_dilated(
-        x_NHWC,
-        kernel_HWIO,
-        window_strides=(1, 1),
-        padding=(
-            (kernel_h - 1 - padding, kernel_h - 1 - padding),
-            (kernel_w - 1 - padding, kernel_w - 1 - padding),
-        ),
-        lhs_dilation=(stride, stride),
-        dimension_numbers=_NHWC_HWIO,
-    )
+def _conv2d_fwd(x_NHWC, weight_OIHW, stride, padding):
+    return _lax_conv2d(x_NHWC, weight_OIHW, stride, padding), (x_NHWC, weight_OIHW)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def conv_transpose2d(x_NHWC: jax.Array, weight_IOHW: jax.Array, stride: int, padding: int) -> jax.Array:
-    """``torch.nn.functional.conv_transpose2d`` without bias or output_padding, on NHWC activations.
+def _conv2d_bwd(stride, padding, residuals, dy_NHWC):
+    x_NHWC, weight_OIHW = residuals
+    # Conv2d's (out, in, kH, kW) weight read as a ConvTranspose2d weight (in'=out, out'=in) maps
+    # the output channels back to the input channels: the input gradient is that transposed conv.
+    dx_NHWC = _conv_transpose2d(dy_NHWC, weight_OIHW, stride, padding, x_NHWC.shape[1:3])
+    return dx_NHWC, _conv2d_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding)
 
-    Output size: ``(H - 1) * stride - 2 * padding + kH``, as in PyTorch.
 
-    The gradient is written by hand (a custom VJP). Writing ``F(z) = conv2d(z, weight, stride,
-    padding)`` for the forward convolution whose input-gradient this layer is (so ``y = Fᵀ x``):
+conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)
 
-    * the input cotangent is ``F(dy)``, a plain strided convolution;
-    * the kernel cotangent is the kernel gradient of ``F`` at input ``dy`` with output cotangent
-      ``x`` (since ``<dy, F_w^T x> = <F_w dy, x>``).
 
-    Both are regular-convolution primitives, which XLA on CPU runs on its fast path; the automatic
-    kernel gradient of a dilated convolution runs 40–90× slower there (see NOTES-performance).
-    The result is mathematically identical (tests compare both with PyTorch).
+def conv2d_reference(x_NHWC, weight_OIHW, stride, padding):
+    """The same convolution without the custom VJP: JAX differentiates ``lax.conv_general_dilated`` itself.
+
+    Kept for tests and for the benchmark that shows why the custom VJP exists.
+    """
+    return _lax_conv2d(x_NHWC, weight_OIHW, stride, padding)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _conv_transpose2d(x_NHWC, weight_IOHW, stride, padding, out_hw):
+    return _conv_transpose_forward(x_NHWC, weight_IOHW, stride, padding, out_hw)
+
+
+def _conv_transpose2d_fwd(x_NHWC, weight_IOHW, stride, padding, out_hw):
+    return _conv_transpose_forward(x_NHWC, weight_IOHW, stride, padding, out_hw), (x_NHWC, weight_IOHW)
+
+
+def _conv_transpose2d_bwd(stride, padding, out_hw, residuals, dy_NHWC):
+    x_NHWC, weight_IOHW = residuals
+    # Writing F(z) = conv2d(z, weight, stride, padding) for the forward convolution whose
+    # input-gradient this layer is (y = Fᵀx): the input cotangent is F(dy), a plain strided
+    # convolution, and the kernel cotangent is F's kernel gradient at input dy with output
+    # cotangent x (since <dy, F_w^T x> = <F_w dy, x>). Both are regular-convolution primitives.
+    dx_NHWC = conv2d(dy_NHWC, weight_IOHW, stride, padding)
+    return dx_NHWC, _conv2d_weight_gradient(dy_NHWC, x_NHWC, weight_IOHW, stride, padding)
+
+
+_conv_transpose2d.defvjp(_conv_transpose2d_fwd, _conv_transpose2d_bwd)
+
+
+def conv_transpose2d(
+    x_NHWC: jax.Array, weight_IOHW: jax.Array, stride: int, padding: int, output_padding: int = 0
+) -> jax.Array:
+    """``torch.nn.functional.conv_transpose2d`` without bias, on NHWC activations.
+
+    Output size: ``(H - 1) * stride - 2 * padding + kH + output_padding``, as in PyTorch.
+
+    The forward takes the sub-pixel form on CPU (one stride-1 convolution, no input dilation;
+    see :func:`transposed_conv_form`) and the dilated form elsewhere. The gradient is written by
+    hand (a custom VJP): the input cotangent is the strided convolution ``conv2d(dy, weight)``
+    and the kernel cotangent is an ordinary weight-gradient convolution. JAX's own kernel
+    gradient of the dilated form (``conv_transpose2d_reference``) takes a slow path on XLA:CPU:
+    measured in ``benchmarks/`` (layer timings). The results are mathematically identical (tests
+    compare all forms with PyTorch, first and second derivatives).
 
     Args:
       x_NHWC: input, channels last.
       weight_IOHW: kernel in PyTorch's ConvTranspose2d layout ``(in_channels, out_channels, kH, kW)``.
       stride: the same stride along both spatial axes.
-      padding: PyTorch's ``padding`` (``k - 1 - padding`` zeros are added to the dilated input).
+      padding: PyTorch's ``padding`` (it removes ``padding`` rows and columns from each side of the output).
+      output_padding: PyTorch's ``output_padding`` (extra rows and columns at the end of the output).
     """
-    return _conv_transpose2d_forward(x_NHWC, weight_IOHW, stride, padding)
+    kernel_h, kernel_w = weight_IOHW.shape[2:]
+    out_hw = (
+        transposed_output_size(x_NHWC.shape[1], kernel_h, stride, padding, output_padding),
+        transposed_output_size(x_NHWC.shape[2], kernel_w, stride, padding, output_padding),
+    )
+    return _conv_transpose2d(x_NHWC, weight_IOHW, stride, padding, out_hw)
 
 
-def _conv_transpose2d_fwd(x_NHWC, weight_IOHW, stride, padding):
-    return _conv_transpose2d_forward(x_NHWC, weight_IOHW, stride, padding), (x_NHWC, weight_IOHW)
+def conv_transpose2d_reference(x_NHWC, weight_IOHW, stride, padding, form: str = "dilated"):
+    """The same layer without any custom VJP: JAX differentiates the chosen forward form itself.
 
-
-def _conv_transpose2d_bwd(stride, padding, residuals, dy_NHWC):
-    x_NHWC, weight_IOHW = residuals
-    # weight (in, out, kH, kW) read as a Conv2d weight (out=in, in=out, kH, kW) maps `out` channels
-    # back to `in` channels: exactly the forward convolution F whose transpose this layer is.
-    dx_NHWC = conv2d(dy_NHWC, weight_IOHW, stride, padding)
-    _, kernel_vjp = jax.vjp(lambda w: conv2d(dy_NHWC, w, stride, padding), weight_IOHW)
-    (dweight_IOHW,) = kernel_vjp(x_NHWC)
-    return dx_NHWC, dweight_IOHW
-
-
-conv_transpose2d.defvjp(_conv_transpose2d_fwd, _conv_transpose2d_bwd)
-
-
-def conv_transpose2d_reference(x_NHWC, weight_IOHW, stride, padding):
-    """The same layer without the custom VJP: JAX differentiates the dilated convolution itself.
-
-    Kept for tests and for the benchmark that shows why the custom VJP exists.
+    ``form="dilated"`` is the textbook dilated convolution (JAX's kernel gradient of it is XLA:CPU's
+    slow path); ``form="subpixel"`` is the forward :func:`conv_transpose2d` uses on CPU. Kept for
+    tests and for the benchmark's per-layer timings.
     """
-    return _conv_transpose2d_forward(x_NHWC, weight_IOHW, stride, padding)
+    kernel_h, kernel_w = weight_IOHW.shape[2:]
+    out_hw = (
+        transposed_output_size(x_NHWC.shape[1], kernel_h, stride, padding),
+        transposed_output_size(x_NHWC.shape[2], kernel_w, stride, padding),
+    )
+    forward = {"dilated": _dilated_conv_transpose, "subpixel": _subpixel_conv_transpose}[form]
+    return forward(x_NHWC, weight_IOHW, stride, padding, out_hw)
 
 
 def normal_init(mean: float, stddev: float):

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from functional_gan import layers
 from functional_gan.layers import (
     BatchNorm2d,
     bce_loss,
     conv2d,
+    conv2d_reference,
     conv_transpose2d,
     conv_transpose2d_reference,
 )
@@ -42,7 +44,15 @@ def _jax_grads(fn, x_NHWC, w, cotangent_NHWC):
 
 @pytest.mark.parametrize("dtype,rtol,atol", [(np.float64, 1e-12, 1e-12), (np.float32, 1e-5, 1e-5)])
 @pytest.mark.parametrize("case", CONV_CASES)
-@pytest.mark.parametrize("transposed_impl", [conv_transpose2d, conv_transpose2d_reference])
+@pytest.mark.parametrize(
+    "transposed_impl",
+    [
+        conv_transpose2d,
+        lambda x, w, s, p: conv_transpose2d_reference(x, w, s, p, form="dilated"),
+        lambda x, w, s, p: conv_transpose2d_reference(x, w, s, p, form="subpixel"),
+    ],
+    ids=["custom-vjp", "dilated-autodiff", "subpixel-autodiff"],
+)
 def test_conv_transpose2d_matches_torch(case, dtype, rtol, atol, transposed_impl):
     cin, cout, k, s, p, size = case
     rng = np.random.default_rng(0)
@@ -61,7 +71,8 @@ def test_conv_transpose2d_matches_torch(case, dtype, rtol, atol, transposed_impl
 
 @pytest.mark.parametrize("dtype,rtol,atol", [(np.float64, 1e-12, 1e-12), (np.float32, 1e-5, 1e-5)])
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv2d_matches_torch(case, dtype, rtol, atol):
+@pytest.mark.parametrize("conv_impl", [conv2d, conv2d_reference], ids=["custom-vjp", "autodiff"])
+def test_conv2d_matches_torch(case, dtype, rtol, atol, conv_impl):
     cin, cout, k, s, p, size = case
     size = size + 6  # a regular conv needs room to shrink
     rng = np.random.default_rng(1)
@@ -70,11 +81,89 @@ def test_conv2d_matches_torch(case, dtype, rtol, atol):
     out = (size + 2 * p - k) // s + 1
     cotangent = rng.normal(size=(2, cout, out, out)).astype(dtype)
     with jax.enable_x64(dtype == np.float64):
-        y, dx, dw = _jax_grads(lambda a, b: conv2d(a, b, s, p), nchw_to_nhwc(x), w, nchw_to_nhwc(cotangent))
+        y, dx, dw = _jax_grads(lambda a, b: conv_impl(a, b, s, p), nchw_to_nhwc(x), w, nchw_to_nhwc(cotangent))
     ty, tdx, tdw = _torch_grads(lambda a, b: torch.nn.functional.conv2d(a, b, stride=s, padding=p), x, w, cotangent)
     np.testing.assert_allclose(nhwc_to_nchw(y), ty, rtol=rtol, atol=atol)
     np.testing.assert_allclose(nhwc_to_nchw(dx), tdx, rtol=rtol, atol=atol)
     np.testing.assert_allclose(dw, tdw, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("case", CONV_CASES + [(3, 2, 4, 2, 1, 8), (2, 3, 5, 3, 2, 4)])
+def test_subpixel_forward_equals_the_dilated_form(case):
+    """The sub-pixel transposed convolution (no input dilation) computes the dilated form's values."""
+    cin, cout, k, s, p, size = case
+    rng = np.random.default_rng(4)
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.normal(size=(2, size, size, cin)))
+        w = jnp.asarray(rng.normal(size=(cin, cout, k, k)))
+        subpixel = conv_transpose2d_reference(x, w, s, p, form="subpixel")
+        dilated = conv_transpose2d_reference(x, w, s, p, form="dilated")
+    np.testing.assert_allclose(subpixel, dilated, rtol=1e-12, atol=1e-12)  # float64: summation order only
+
+
+def _odd_size_conv_cases():
+    # (H + 2p - k) not divisible by the stride: the input gradient needs PyTorch's output_padding.
+    return [(3, 4, 4, 2, 1, 9), (2, 3, 3, 2, 0, 8)]
+
+
+@pytest.mark.parametrize("case", CONV_CASES + _odd_size_conv_cases())
+def test_second_derivatives_equal_jax_autodiff(case):
+    """Reverse over reverse (what a gradient penalty needs) through both custom VJPs, float64."""
+    cin, cout, k, s, p, size = case
+    rng = np.random.default_rng(5)
+    with jax.enable_x64(True):
+        x_t = jnp.asarray(rng.normal(size=(2, size, size, cin)))
+        w_t = jnp.asarray(rng.normal(size=(cin, cout, k, k)))
+        x_c = jnp.asarray(rng.normal(size=(2, size + 6, size + 6, cin)))
+        w_c = jnp.asarray(rng.normal(size=(cout, cin, k, k)))
+        for ours, reference, x, w in (
+            (conv_transpose2d, lambda a, b, s_, p_: conv_transpose2d_reference(a, b, s_, p_, form="dilated"), x_t, w_t),
+            (conv2d, conv2d_reference, x_c, w_c),
+        ):
+            def penalty(impl):
+                # ‖∂L/∂x‖², differentiated again with respect to both x and the kernel.
+                loss = lambda a, b: jnp.sum(jnp.sin(impl(a, b, s, p)))  # noqa: E731
+                return lambda a, b: jnp.sum(jax.grad(loss, argnums=0)(a, b) ** 2)
+
+            got = jax.grad(penalty(ours), argnums=(0, 1))(x, w)
+            expected = jax.grad(penalty(reference), argnums=(0, 1))(x, w)
+            for a, b in zip(got, expected):
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", _odd_size_conv_cases())
+def test_conv2d_gradient_with_uncovered_input_rows_matches_torch(case):
+    cin, cout, k, s, p, size = case
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, cin, size, size))
+    w = rng.normal(size=(cout, cin, k, k))
+    out = (size + 2 * p - k) // s + 1
+    cotangent = rng.normal(size=(2, cout, out, out))
+    with jax.enable_x64(True):
+        y, dx, dw = _jax_grads(lambda a, b: conv2d(a, b, s, p), nchw_to_nhwc(x), w, nchw_to_nhwc(cotangent))
+    ty, tdx, tdw = _torch_grads(lambda a, b: torch.nn.functional.conv2d(a, b, stride=s, padding=p), x, w, cotangent)
+    np.testing.assert_allclose(nhwc_to_nchw(dx), tdx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dw, tdw, rtol=1e-12, atol=1e-12)
+
+
+def test_batch_chunking_on_cpu_gives_the_unchunked_values(monkeypatch):
+    """Convolutions split along the batch (the CPU cache budget) equal the whole-batch ones."""
+    rng = np.random.default_rng(7)
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.normal(size=(8, 8, 8, 4)))
+        w = jnp.asarray(rng.normal(size=(6, 4, 4, 4)))
+        cot = jnp.asarray(rng.normal(size=(8, 4, 4, 6)))
+        whole = jax.vjp(lambda a, b: conv2d(a, b, 2, 1), x, w)
+        monkeypatch.setattr(layers, "CPU_CONV_CHUNK_BYTES", 1)  # every batch of 8 is split into 8 chunks
+        assert layers._batch_chunks(8, 100) == 8
+        chunked = jax.vjp(lambda a, b: conv2d(a, b, 2, 1), x, w)
+        np.testing.assert_allclose(chunked[0], whole[0], rtol=0, atol=0)  # per-sample: exact
+        for a, b in zip(chunked[1](cot), whole[1](cot)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)  # weight gradient: a sum in another order
+        y_chunked = conv_transpose2d(cot, w, 2, 1)
+    monkeypatch.setattr(layers, "CPU_CONV_CHUNK_BYTES", 8 * 2**20)
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(y_chunked, conv_transpose2d(cot, w, 2, 1), rtol=0, atol=0)
 
 
 def test_custom_vjp_equals_autodiff_of_the_dilated_convolution():

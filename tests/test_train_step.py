@@ -103,3 +103,12 @@ def test_the_step_compiles_once():
     for _ in range(3):
         state, _ = step(state, real)
     assert step._cache_size() == 1
+
+
+def test_compiled_step_has_no_dilated_input_convolution_on_cpu():
+    """XLA:CPU runs convolutions with lhs_dilate on a slow path; the step must not contain any."""
+    assert jax.default_backend() == "cpu"
+    state = init_state(TINY)
+    hlo = make_train_step(TINY).lower(state, jnp.zeros((4, 32, 32, 3))).compile().as_text()
+    assert " convolution(" in hlo or "__ynn_fusion" in hlo  # the step does contain convolutions
+    assert "lhs_dilate" not in hlo
