@@ -1,4 +1,4 @@
-"""Makes the repository root importable (for `comparisons`) and sets tests' shared fixtures."""
+"""Run from the repository root: the environment every test process starts with."""
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

@@ -12,16 +12,20 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from comparisons import reference_runs, torch_linreg
-from comparisons.common import METRICS, CheckResult, RunSpec, compare_trajectory, teacher_forced_step
 from functional_gan import layers, linreg
+from functional_gan.config import TrainConfig
+from functional_gan.metrics import METRIC_NAMES
+from functional_gan.pytorch import linreg as torch_linreg
 from functional_gan.replay import config_from_state_dicts, replay
-from functional_gan.train import gan_step
+from functional_gan.train import make_gan_step
+
+from . import reference_runs
+from .common import CheckResult, compare_trajectory, teacher_forced_step
 
 # --- float64 trajectories ----------------------------------------------------------------------
 
 
-def check_float64_trajectory(spec: RunSpec, name: str, torch_run=None, tolerance: float = 1e-10) -> CheckResult:
+def check_float64_trajectory(spec: TrainConfig, name: str, torch_run=None, tolerance: float = 1e-10) -> CheckResult:
     """Every metric of every step, and every final parameter and running statistic, within ``tolerance``."""
     run = torch_run or reference_runs.run_tutorial(spec, "float64")
     return compare_trajectory(
@@ -48,22 +52,23 @@ def check_linreg(dtype_name: str = "float64") -> CheckResult:
 # --- float32: teacher forcing and free-running drift ----------------------------------------------
 
 
-def check_teacher_forced_float32(spec: RunSpec, torch_run=None, steps: list[int] | None = None) -> CheckResult:
+def check_teacher_forced_float32(spec: TrainConfig, torch_run=None, steps: list[int] | None = None) -> CheckResult:
     """From PyTorch's state at each step t, one JAX step must reproduce PyTorch's step t.
 
-    Metrics: relative difference ≤ 1e-5. Parameters: Adam turns a rounding-level gradient
-    difference on an element whose moments are ~0 into an update difference of up to 2·lr
-    (NOTES-parity), so the bound is |Δp| ≤ 2·lr; running statistics ≤ 1e-5 relative.
+    Metrics: relative difference ≤ 1e-5. Parameters: Adam's update is ``lr · m̂ / (√v̂ + eps)``;
+    on an element whose gradient is ~0 a rounding-level difference flips the sign of ``m̂ / √v̂``
+    (≈ ±1 at the first step), so the update can differ by up to 2·lr; the bound is |Δp| ≤ 2·lr.
+    Running statistics ≤ 1e-5 relative.
     """
     run = torch_run or reference_runs.run_tutorial(spec, "float32", record_snapshots=True)
     real, noise = reference_runs.make_batches(spec)
-    config = config_from_state_dicts(run.initial_generator, run.initial_discriminator, spec.batch_size, spec.lr, spec.beta1)
-    step = jax.jit(lambda s, r, n: gan_step(config, s, r, n))
+    config = config_from_state_dicts(run.initial_generator, run.initial_discriminator, spec.batch_size, spec)
+    step = make_gan_step(config)
     metric_rel, param_abs, stats_rel = [], [], []
     indices = steps if steps is not None else range(spec.steps)
     for t in indices:
         m, p, r = teacher_forced_step(
-            config, step, run.snapshots[t], run.snapshots[t + 1], real[t], noise[t], [run.metrics[k][t] for k in METRICS]
+            config, step, run.snapshots[t], run.snapshots[t + 1], real[t], noise[t], [run.metrics[k][t] for k in METRIC_NAMES]
         )
         metric_rel.append(m)
         param_abs.append(p)
@@ -78,12 +83,12 @@ def check_teacher_forced_float32(spec: RunSpec, torch_run=None, steps: list[int]
     )
 
 
-def report_free_running_float32(spec: RunSpec, torch_run=None) -> CheckResult:
+def report_free_running_float32(spec: TrainConfig, torch_run=None) -> CheckResult:
     """float32 trajectories of both frameworks from the same start: the drift, reported as a curve (not asserted)."""
     run = torch_run or reference_runs.run_tutorial(spec, "float32")
     real, noise = reference_runs.make_batches(spec)
-    ours = replay(run.initial_generator, run.initial_discriminator, real, noise, "float32", spec.lr, spec.beta1)
-    per_step = np.max([np.abs(ours.metrics[k] - run.metrics[k]) for k in METRICS], axis=0)
+    ours = replay(run.initial_generator, run.initial_discriminator, real, noise, "float32", spec)
+    per_step = np.max([np.abs(ours.metrics[k] - run.metrics[k]) for k in METRIC_NAMES], axis=0)
     return CheckResult(
         f"float32 free-running drift over {spec.steps} steps", "reported, not asserted (rounding is amplified: chaos)",
         float(per_step.max()), None,
@@ -136,25 +141,21 @@ def check_layers() -> CheckResult:
 
 def check_gradient_stopping() -> CheckResult:
     """detach() → netG's .grad None; stop_gradient → G's gradient exactly zero; both filled without the cut."""
-    from functional_gan import lessons
+    from functional_gan.lessons import gan
 
-    torch_side, jax_side = lessons.torch_gan_step(), lessons.jax_gan_step()
+    torch_side, jax_side = gan.torch_gan_step(), gan.jax_gan_step()
     torch_pattern = (
-        torch_side["with detach(): netG .grad after the D step"] == "all None",
-        torch_side["without detach(): netG .grad after the D step"].startswith("filled"),
+        torch_side[gan.TORCH_G_GRADS_NONE.format(cut="with detach()")] == torch_side["netG parameters"],
+        torch_side[gan.TORCH_G_GRAD_SUM.format(cut="without detach()")] > 0.0,
     )
     jax_pattern = (
-        jax_side["grad wrt G and D, with stop_gradient: |sum of G's gradient|"] == 0.0,
-        jax_side["grad wrt G and D, without stop_gradient: |sum of G's gradient|"] > 0.0,
+        jax_side[gan.JAX_G_GRAD_SUM.format(cut="with stop_gradient")] == 0.0,
+        jax_side[gan.JAX_G_GRAD_SUM.format(cut="without stop_gradient")] > 0.0,
     )
     return CheckResult(
         "gradient stopping: detach() None ↔ stop_gradient zeros", "same pattern (exact)",
-        float(jax_side["grad wrt G and D, with stop_gradient: |sum of G's gradient|"]),
+        float(jax_side[gan.JAX_G_GRAD_SUM.format(cut="with stop_gradient")]),
         torch_pattern == jax_pattern == (True, True),
         f"PyTorch (cut → None, uncut → filled): {torch_pattern}; JAX (cut → 0, uncut → ≠0): {jax_pattern}",
     )
 
-
-TUTORIAL_WIDTHS = RunSpec(nz=100, ngf=64, ndf=64, nc=3, image_size=64, batch_size=4, steps=3)
-SMALL_WIDTHS_100 = RunSpec(steps=100)
-TEACHER_FORCING_50 = RunSpec(steps=50, batch_size=16)

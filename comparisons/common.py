@@ -6,26 +6,16 @@ import dataclasses
 
 import numpy as np
 
-METRICS = ("loss_d", "loss_g", "d_x", "d_g_z1", "d_g_z2")
+from functional_gan.config import TUTORIAL, TrainConfig
+from functional_gan.metrics import METRIC_NAMES
+
+# What the reference runs train: the tutorial's settings at smaller sizes, on seeded random data.
+SMALL_WIDTHS = dataclasses.replace(TUTORIAL, nz=16, ngf=8, ndf=8, image_size=32, batch_size=8, steps=100, seed=0)
+TUTORIAL_WIDTHS = dataclasses.replace(TUTORIAL, batch_size=4, steps=3, seed=0)  # 64×64, ngf = ndf = 64, few steps
+TEACHER_FORCING = dataclasses.replace(SMALL_WIDTHS, steps=50, batch_size=16)
 
 
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """What a reference run trains: the tutorial's nets at some size, on seeded random data."""
-
-    nz: int = 16
-    ngf: int = 8
-    ndf: int = 8
-    nc: int = 3
-    image_size: int = 32
-    batch_size: int = 8
-    steps: int = 100
-    lr: float = 2e-4
-    beta1: float = 0.5
-    seed: int = 0
-
-
-def make_batches(spec: RunSpec) -> tuple[np.ndarray, np.ndarray]:
+def make_batches(spec: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
     """(real, noise) in NCHW, float64: real ~ U(−1, 1), noise ~ N(0, 1), from ``default_rng(seed)``.
 
     Both frameworks train on these exact arrays (PyTorch's and JAX's RNG streams cannot be matched).
@@ -60,13 +50,13 @@ def counters_equal(ours, theirs) -> bool:
     return all(int(ours[k]) == int(theirs[k]) for k in theirs if k.endswith("num_batches_tracked"))
 
 
-def compare_trajectory(name: str, spec: RunSpec, initial_g, initial_d, metrics, final_g, final_d, tolerance: float) -> CheckResult:
+def compare_trajectory(name: str, spec: TrainConfig, initial_g, initial_d, metrics, final_g, final_d, tolerance: float) -> CheckResult:
     """Replay a recorded float64 run in JAX; every metric and every final state entry within ``tolerance``."""
     from functional_gan.replay import replay
 
     real, noise = make_batches(spec)
-    ours = replay(initial_g, initial_d, real, noise, "float64", spec.lr, spec.beta1)
-    per_step = np.max([np.abs(ours.metrics[k] - metrics[k]) for k in METRICS], axis=0)
+    ours = replay(initial_g, initial_d, real, noise, "float64", spec)
+    per_step = np.max([np.abs(ours.metrics[k] - metrics[k]) for k in METRIC_NAMES], axis=0)
     state_diff = max(
         max_state_difference(ours.generator_state_dict, final_g),
         max_state_difference(ours.discriminator_state_dict, final_d),

@@ -1,18 +1,20 @@
 """Recorded PyTorch reference runs kept in the repository, so the JAX side is checked without torch.
 
-``python -m comparisons.regenerate_fixtures`` (needs torch) rewrites them. Files are plain .npz
+``python -m functional_gan.comparisons.regenerate_fixtures`` (needs torch) rewrites them. Files are plain .npz
 (no pickles): flat keys such as ``initial_generator/main.0.weight`` and a JSON ``spec``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
-from comparisons.common import METRICS, CheckResult, RunSpec, compare_trajectory, teacher_forced_step
+from functional_gan.config import TrainConfig
+from functional_gan.metrics import METRIC_NAMES
+
+from .common import CheckResult, compare_trajectory, make_batches, teacher_forced_step
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures"
 TRAJECTORY_FIXTURE = FIXTURE_DIR / "dcgan_float64_100_steps.npz"
@@ -42,17 +44,17 @@ def _unflatten(arrays: dict, prefix: str) -> dict:
     return tree
 
 
-def save(path: Path, spec: RunSpec, tree: dict) -> None:
-    arrays: dict = {"spec": np.array(json.dumps(dataclasses.asdict(spec)))}
+def save(path: Path, spec: TrainConfig, tree: dict) -> None:
+    arrays: dict = {"spec": np.array(json.dumps(spec.to_dict()))}
     _flatten("", tree, arrays)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(path, **arrays)
 
 
-def load(path: Path) -> tuple[RunSpec, dict]:
+def load(path: Path) -> tuple[TrainConfig, dict]:
     with np.load(path, allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files}
-    spec = RunSpec(**json.loads(str(arrays.pop("spec"))))
+    spec = TrainConfig.from_dict(json.loads(str(arrays.pop("spec"))))
     return spec, _unflatten(arrays, "")
 
 
@@ -76,22 +78,19 @@ def _snapshot(tree: dict) -> dict:
 
 def check_teacher_forcing_fixture(path: Path = TEACHER_FORCING_FIXTURE) -> CheckResult:
     """Teacher-forced float32 steps from recorded PyTorch states."""
-    import jax
-
-    from comparisons.common import make_batches
     from functional_gan.replay import config_from_state_dicts
-    from functional_gan.train import gan_step
+    from functional_gan.train import make_gan_step
 
     spec, run = load(path)
     real, noise = make_batches(spec)
     first = _snapshot(run["snapshots"][str(SNAPSHOT_STEPS[0])])
-    config = config_from_state_dicts(first["generator"], first["discriminator"], spec.batch_size, spec.lr, spec.beta1)
-    step = jax.jit(lambda s, r, n: gan_step(config, s, r, n))
+    config = config_from_state_dicts(first["generator"], first["discriminator"], spec.batch_size, spec)
+    step = make_gan_step(config)
     rows = []
     for t in SNAPSHOT_STEPS:
         rows.append(teacher_forced_step(
             config, step, _snapshot(run["snapshots"][str(t)]), _snapshot(run["snapshots"][str(t + 1)]),
-            real[t], noise[t], [run["metrics"][k][t] for k in METRICS],
+            real[t], noise[t], [run["metrics"][k][t] for k in METRIC_NAMES],
         ))
     metric_rel, param_abs, stats_rel = (max(column) for column in zip(*rows))
     bound = 2 * spec.lr

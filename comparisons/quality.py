@@ -21,8 +21,9 @@ import numpy as np
 import optax
 import scipy.linalg
 
+from functional_gan.config import TUTORIAL, TrainConfig
 from functional_gan.data import load_digits, to_unit_range
-from functional_gan.models import Generator
+from functional_gan.train import make_models
 
 
 class DigitClassifier(nn.Module):
@@ -95,30 +96,30 @@ def classifier_score(probabilities: np.ndarray) -> float:
     return float(np.exp(kl.mean()))
 
 
+# The long runs: the tutorial's settings on the built-in digits at 32×32, one channel, half widths.
+QUALITY_RUN = dataclasses.replace(TUTORIAL, data="digits", image_size=32, nc=1, ngf=32, ndf=32, batch_size=64, steps=300)
+
+
 @dataclasses.dataclass(frozen=True)
 class QualitySpec:
-    image_size: int = 32
-    nz: int = 32
-    ngf: int = 16
-    ndf: int = 16
-    batch_size: int = 64
-    steps: int = 300
+    run: TrainConfig = QUALITY_RUN  # its seed is replaced by each of `seeds`
     seeds: tuple[int, ...] = (1, 2)
     num_samples: int = 512
 
 
 def digits_batches(spec: QualitySpec, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(real, noise) NCHW float32 for ``spec.steps`` iterations: shuffled digits, NumPy noise."""
-    digits = to_unit_range(load_digits(spec.image_size, nc=1).images_NHWC).transpose(0, 3, 1, 2)
+    run = spec.run
+    digits = to_unit_range(load_digits(run.image_size, nc=run.nc).images_NHWC).transpose(0, 3, 1, 2)
     rng = np.random.default_rng(seed)
-    per_epoch = len(digits) // spec.batch_size
+    per_epoch = len(digits) // run.batch_size
     batches = []
-    for step in range(spec.steps):
+    for step in range(run.steps):
         epoch, index = divmod(step, per_epoch)
         if index == 0:
             order = rng.permutation(len(digits))
-        batches.append(digits[order[index * spec.batch_size : (index + 1) * spec.batch_size]])
-    noise = rng.normal(size=(spec.steps, spec.batch_size, spec.nz, 1, 1)).astype(np.float32)
+        batches.append(digits[order[index * run.batch_size : (index + 1) * run.batch_size]])
+    noise = rng.normal(size=(run.steps, run.batch_size, run.nz, 1, 1)).astype(np.float32)
     return np.stack(batches), noise
 
 
@@ -127,30 +128,31 @@ def sample_images(generator_sd: dict, spec: QualitySpec, num: int, seed: int = 1
     from functional_gan import convert
 
     variables = convert.state_dict_to_variables(generator_sd)
-    generator = Generator(nz=spec.nz, ngf=spec.ngf, nc=1, image_size=spec.image_size)
-    z = jax.random.normal(jax.random.key(seed), (num, spec.nz))
+    generator, _ = make_models(spec.run)
+    z = jax.random.normal(jax.random.key(seed), (num, spec.run.nz))
     return np.asarray(generator.apply(variables, z, mutable=["batch_stats"])[0])
 
 
 def compare_quality(spec: QualitySpec, progress=print) -> dict:
     """Train both frameworks per seed and score their samples. Returns per-seed metrics and the verdict."""
-    from comparisons.reference_runs import RunSpec, run_tutorial
     from functional_gan.replay import replay
 
-    classifier = train_classifier(spec.image_size)
-    real_images = to_unit_range(load_digits(spec.image_size, nc=1).images_NHWC)
+    from .reference_runs import run_tutorial
+
+    run = spec.run
+    classifier = train_classifier(run.image_size)
+    real_images = to_unit_range(load_digits(run.image_size, nc=1).images_NHWC)
     real_features, _ = classifier.features_and_probabilities(real_images)
     scores = {"jax": {"fd": [], "score": []}, "pytorch": {"fd": [], "score": []}}
     samples, curves = {}, {}
     untrained_fd = None
     for seed in spec.seeds:
-        run_spec = RunSpec(nz=spec.nz, ngf=spec.ngf, ndf=spec.ndf, nc=1, image_size=spec.image_size,
-                           batch_size=spec.batch_size, steps=spec.steps, seed=seed)
+        run_spec = dataclasses.replace(run, seed=seed)
         real, noise = digits_batches(spec, seed)
         torch_run = run_tutorial(run_spec, "float32", real=real, noise=noise)
-        progress(f"  seed {seed}: PyTorch trained {spec.steps} steps")
-        jax_run = replay(torch_run.initial_generator, torch_run.initial_discriminator, real, noise, "float32")
-        progress(f"  seed {seed}: JAX trained {spec.steps} steps")
+        progress(f"  seed {seed}: PyTorch trained {run.steps} steps")
+        jax_run = replay(torch_run.initial_generator, torch_run.initial_discriminator, real, noise, "float32", run_spec)
+        progress(f"  seed {seed}: JAX trained {run.steps} steps")
         if untrained_fd is None:
             untrained = classifier.features_and_probabilities(sample_images(torch_run.initial_generator, spec, spec.num_samples))[0]
             untrained_fd = frechet_distance(real_features, untrained)

@@ -12,12 +12,12 @@ import dataclasses
 import numpy as np
 import torch
 
-from comparisons import torch_reference
-from comparisons.common import METRICS, RunSpec, make_batches  # noqa: F401  (re-exported)
+from functional_gan.config import TrainConfig
+from functional_gan.metrics import METRIC_NAMES
+from functional_gan.pytorch import dcgan
+from functional_gan.pytorch.precision import default_dtype, torch_dtype
 
-
-def torch_dtype(name: str):
-    return {"float32": torch.float32, "float64": torch.float64}[name]
+from .common import make_batches
 
 
 @dataclasses.dataclass
@@ -44,26 +44,22 @@ def optimizer_state_numpy(optimizer: torch.optim.Adam, module: torch.nn.Module) 
     return by_param
 
 
-def run_tutorial(spec: RunSpec, dtype: str = "float64", record_snapshots: bool = False, real=None, noise=None) -> TorchRun:
+def run_tutorial(spec: TrainConfig, dtype: str = "float64", record_snapshots: bool = False, real=None, noise=None) -> TorchRun:
     """Train the tutorial's loop for ``spec.steps`` iterations in PyTorch on the seeded batches."""
     tdtype = torch_dtype(dtype)
-    previous_default = torch.get_default_dtype()
-    torch.set_default_dtype(tdtype)
-    try:
-        net_g, net_d = torch_reference.make_models(
-            spec.nz, spec.ngf, spec.ndf, spec.nc, spec.image_size, seed=spec.seed, dtype=tdtype
-        )
-        optimizer_g, optimizer_d = torch_reference.make_optimizers(net_g, net_d, spec.lr, spec.beta1)
+    with default_dtype(tdtype):
+        net_g, net_d = dcgan.make_models(spec, dtype=tdtype)
+        optimizer_g, optimizer_d = dcgan.make_optimizers(net_g, net_d, spec)
         criterion = torch.nn.BCELoss()
         if real is None or noise is None:
             real, noise = make_batches(spec)
-        initial_g, initial_d = torch_reference.state_dict_numpy(net_g), torch_reference.state_dict_numpy(net_d)
+        initial_g, initial_d = dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_d)
         rows, snapshots = [], []
         for t in range(spec.steps):
             if record_snapshots:
                 snapshots.append(_snapshot(net_g, net_d, optimizer_g, optimizer_d))
             rows.append(
-                torch_reference.tutorial_iteration(
+                dcgan.tutorial_iteration(
                     net_g, net_d, optimizer_g, optimizer_d, criterion,
                     torch.as_tensor(real[t], dtype=tdtype), torch.as_tensor(noise[t], dtype=tdtype),
                 )
@@ -71,19 +67,14 @@ def run_tutorial(spec: RunSpec, dtype: str = "float64", record_snapshots: bool =
         if record_snapshots:
             snapshots.append(_snapshot(net_g, net_d, optimizer_g, optimizer_d))
         rows = np.array(rows)
-        metrics = {key: rows[:, i] for i, key in enumerate(METRICS)}
-        return TorchRun(
-            initial_g, initial_d, metrics,
-            torch_reference.state_dict_numpy(net_g), torch_reference.state_dict_numpy(net_d), snapshots,
-        )
-    finally:
-        torch.set_default_dtype(previous_default)
+        metrics = {key: rows[:, i] for i, key in enumerate(METRIC_NAMES)}
+        return TorchRun(initial_g, initial_d, metrics, dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_d), snapshots)
 
 
 def _snapshot(net_g, net_d, optimizer_g, optimizer_d) -> dict:
     return {
-        "generator": torch_reference.state_dict_numpy(net_g),
-        "discriminator": torch_reference.state_dict_numpy(net_d),
+        "generator": dcgan.state_dict_numpy(net_g),
+        "discriminator": dcgan.state_dict_numpy(net_d),
         "generator_adam": optimizer_state_numpy(optimizer_g, net_g),
         "discriminator_adam": optimizer_state_numpy(optimizer_d, net_d),
     }

@@ -5,20 +5,33 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import importlib.util
+
 import jax
 import numpy as np
-import torch
 
-from comparisons import checks, fixtures, quality
-from comparisons.common import CheckResult
 from functional_gan import plots
 
+from . import GROUPS, fixtures, quality
+from .common import SMALL_WIDTHS, TEACHER_FORCING, TUTORIAL_WIDTHS, CheckResult
 
-def set_parity_precision() -> None:
-    """Full float32 precision on both sides: no TF32 or bf16 passes on GPUs/TPUs (no effect on CPU)."""
+NEEDS_NO_TORCH = ("fixtures",)  # the recorded runs are checked by the JAX side alone
+
+
+def set_parity_precision() -> str:
+    """Full float32 precision on both sides: no TF32 or bf16 passes on GPUs/TPUs (no effect on CPU).
+
+    Returns the PyTorch version in use, or "not installed".
+    """
     jax.config.update("jax_default_matmul_precision", "highest")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    if importlib.util.find_spec("torch") is None:
+        return "not installed"
+    import torch
+
+    from functional_gan.pytorch.precision import full_float32_precision
+
+    full_float32_precision()
+    return torch.__version__
 
 
 def _plot_curves(path: Path, title: str, series: dict[str, np.ndarray], ylabel: str, log: bool = False) -> Path:
@@ -32,12 +45,19 @@ def _plot_losses(path: Path, title: str, torch_metrics: dict, jax_metrics: dict)
     }, "loss")
 
 
-def run_suite(out_dir: str | Path, include_quality: bool = True, quality_spec: quality.QualitySpec | None = None,
+def run_suite(out_dir: str | Path, groups=GROUPS, quality_spec: quality.QualitySpec | None = None,
               progress=print) -> tuple[list[CheckResult], Path]:
-    """Run every check, write ``report.md`` and its plots in ``out_dir``; return the results and the report path."""
+    """Run the checks of ``groups``, write ``report.md`` and its plots in ``out_dir``; return the results and the report path."""
+    unknown = sorted(set(groups) - set(GROUPS))
+    if unknown:
+        raise ValueError(f"unknown check groups {unknown}; choose from {GROUPS}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    set_parity_precision()
+    torch_version = set_parity_precision()
+    if torch_version == "not installed" and set(groups) - set(NEEDS_NO_TORCH):
+        raise ImportError(f"the checks {sorted(set(groups) - set(NEEDS_NO_TORCH))} need torch; only {NEEDS_NO_TORCH} run without it")
+    if set(groups) - set(NEEDS_NO_TORCH):
+        from . import checks
     results: list[CheckResult] = []
     figures: list[tuple[str, Path]] = []
     started = time.perf_counter()
@@ -48,33 +68,40 @@ def run_suite(out_dir: str | Path, include_quality: bool = True, quality_spec: q
         results.append(result)
         return result
 
-    progress(f"Comparison suite on JAX {jax.__version__} ({jax.default_backend()}) vs PyTorch {torch.__version__}")
-    add(checks.check_layers())
-    add(checks.check_gradient_stopping())
-    add(checks.check_linreg("float64"))
-    add(checks.check_linreg("float32"))
-    small = add(checks.check_float64_trajectory(checks.SMALL_WIDTHS_100, "DCGAN float64 trajectory, small widths, 100 steps"))
-    add(checks.check_float64_trajectory(checks.TUTORIAL_WIDTHS, "DCGAN float64 trajectory, the tutorial's widths (64×64, ngf = ndf = 64)"))
-    teacher = add(checks.check_teacher_forced_float32(checks.TEACHER_FORCING_50))
-    drift = add(checks.report_free_running_float32(checks.TEACHER_FORCING_50))
-    for check in (fixtures.check_trajectory_fixture, fixtures.check_teacher_forcing_fixture, fixtures.check_linreg_fixture):
-        add(check())
-
-    figures.append(("Loss curves, float64, both frameworks (they coincide)",
-                    _plot_losses(out / "losses_float64.png", "float64: PyTorch and JAX loss curves", small.curves["torch"], small.curves["jax"])))
-    figures.append(("Per-step max |JAX − PyTorch| over the five metrics (log scale)", _plot_curves(
-        out / "differences.png", "Per-step max |JAX − PyTorch| of the metrics",
-        {"float64 trajectory": np.maximum(small.curves["per_step_max_abs"], 1e-18),
-         "float32 free-running (drift)": np.maximum(drift.curves["per_step_max_abs"], 1e-18),
-         "float32 teacher-forced (relative)": np.maximum(teacher.curves["metric_rel"], 1e-18)},
-        "difference", log=True)))
-    figures.append(("Loss curves, float32 free-running (the drift)",
-                    _plot_losses(out / "losses_float32.png", "float32: PyTorch and JAX loss curves", drift.curves["torch"], drift.curves["jax"])))
+    progress(f"Comparison suite on JAX {jax.__version__} ({jax.default_backend()}) vs PyTorch {torch_version}")
+    if "layers" in groups:
+        add(checks.check_layers())
+    if "gradient-stopping" in groups:
+        add(checks.check_gradient_stopping())
+    if "linreg" in groups:
+        add(checks.check_linreg("float64"))
+        add(checks.check_linreg("float32"))
+    curves = {}
+    if "trajectories" in groups:
+        small = add(checks.check_float64_trajectory(SMALL_WIDTHS, f"DCGAN float64 trajectory, small widths, {SMALL_WIDTHS.steps} steps"))
+        add(checks.check_float64_trajectory(TUTORIAL_WIDTHS, "DCGAN float64 trajectory, the tutorial's widths (64×64, ngf = ndf = 64)"))
+        curves["float64 trajectory"] = small.curves["per_step_max_abs"]
+        figures.append(("Loss curves, float64, both frameworks (they coincide)", _plot_losses(
+            out / "losses_float64.png", "float64: PyTorch and JAX loss curves", small.curves["torch"], small.curves["jax"])))
+    if "teacher-forcing" in groups:
+        teacher = add(checks.check_teacher_forced_float32(TEACHER_FORCING))
+        drift = add(checks.report_free_running_float32(TEACHER_FORCING))
+        curves["float32 free-running (drift)"] = drift.curves["per_step_max_abs"]
+        curves["float32 teacher-forced (relative)"] = teacher.curves["metric_rel"]
+        figures.append(("Loss curves, float32 free-running (the drift)", _plot_losses(
+            out / "losses_float32.png", "float32: PyTorch and JAX loss curves", drift.curves["torch"], drift.curves["jax"])))
+    if "fixtures" in groups:
+        for check in (fixtures.check_trajectory_fixture, fixtures.check_teacher_forcing_fixture, fixtures.check_linreg_fixture):
+            add(check())
+    if curves:
+        figures.append(("Per-step max |JAX − PyTorch| over the five metrics (log scale)", _plot_curves(
+            out / "differences.png", "Per-step max |JAX − PyTorch| of the metrics",
+            {label: np.maximum(values, 1e-18) for label, values in curves.items()}, "difference", log=True)))
 
     quality_section = ""
-    if include_quality:
-        spec = quality_spec or quality.QualitySpec(steps=300, nz=100, ngf=32, ndf=32)
-        progress(f"Sample quality: {len(spec.seeds)} seeds × 2 frameworks × {spec.steps} iterations on the built-in digits ...")
+    if "quality" in groups:
+        spec = quality_spec or quality.QualitySpec()
+        progress(f"Sample quality: {len(spec.seeds)} seeds × 2 frameworks × {spec.run.steps} iterations on the built-in digits ...")
         q = quality.compare_quality(spec, progress)
         for metric, label in (("fd", "Fréchet distance (lower is better)"), ("score", "classifier score (higher is better)")):
             v = q["verdicts"][metric]
@@ -97,7 +124,7 @@ def run_suite(out_dir: str | Path, include_quality: bool = True, quality_spec: q
     report = out / "report.md"
     lines = [
         "# functional_gan comparison report\n",
-        f"JAX {jax.__version__} on {jax.default_backend()}, PyTorch {torch.__version__}; float32 matmul/conv precision 'highest' "
+        f"JAX {jax.__version__} on {jax.default_backend()}, PyTorch {torch_version}; float32 matmul/conv precision 'highest' "
         f"on both sides (no TF32/bf16). {len(results)} checks in {time.perf_counter() - started:.0f} s.\n",
         "| check | tolerance | measured | result | detail |", "|---|---|---|---|---|",
     ]

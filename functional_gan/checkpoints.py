@@ -9,10 +9,11 @@ import jax
 import orbax.checkpoint as ocp
 
 from functional_gan.config import TrainConfig
+from functional_gan.errors import UserError
 from functional_gan.train import GANState, init_state
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError):
     """A checkpoint folder that is missing, empty or unreadable."""
 
 

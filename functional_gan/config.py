@@ -5,10 +5,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from functional_gan.errors import UserError
+from functional_gan.losses import LOSSES
 from functional_gan.models import SUPPORTED_IMAGE_SIZES
 
+GRIDS_PER_RUN = 20  # fixed-noise grids of a run when --sample-every is not given
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError):
     """A configuration that cannot work; raised before any work is done."""
 
 
@@ -16,7 +20,9 @@ class ConfigError(ValueError):
 class TrainConfig:
     """Hyper-parameters of a DCGAN run. Defaults: the PyTorch tutorial's.
 
-    Variants are made with ``dataclasses.replace(config, ...)``.
+    This is the one place the tutorial's settings are written down; every other setting in the
+    project (the PyTorch reference runs, the comparisons, the benchmarks, the command line's
+    defaults) is this config or a ``dataclasses.replace(config, ...)`` of it.
     """
 
     data: str = "digits"  # "digits" (built in), "fake" (random, for benchmarks) or a folder of images
@@ -28,25 +34,30 @@ class TrainConfig:
     ndf: int = 64
     lr: float = 2e-4
     beta1: float = 0.5
-    beta2: float = 0.999
+    beta2: float = 0.999  # PyTorch's Adam default; the tutorial sets only beta1
     epochs: int = 5
     steps: int | None = None  # stop after this many iterations in total (counting resumed ones)
     seed: int = 999
     log_every: int = 50  # the tutorial's stats line
-    sample_every: int = 500  # the tutorial's fixed-noise grid
+    sample_every: int | None = None  # fixed-noise grid interval; None: about GRIDS_PER_RUN grids (the tutorial: 500)
     checkpoint_every: int = 500
+    loss: str = "bce"  # the tutorial's BCELoss pair (functional_gan.losses)
 
     def validate(self) -> "TrainConfig":
         """Raise :class:`ConfigError` with a clear message if any value cannot work."""
         problems = []
         if self.image_size not in SUPPORTED_IMAGE_SIZES:
             problems.append(f"--image-size {self.image_size} is not supported; choose one of {SUPPORTED_IMAGE_SIZES}")
-        for name in ("batch_size", "nc", "nz", "ngf", "ndf", "epochs", "log_every", "sample_every", "checkpoint_every"):
+        for name in ("batch_size", "nc", "nz", "ngf", "ndf", "epochs", "log_every", "checkpoint_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 problems.append(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.steps is not None and (not isinstance(self.steps, int) or self.steps <= 0):
-            problems.append(f"--steps must be a positive integer, got {self.steps!r}")
+        for name in ("steps", "sample_every"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                problems.append(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.loss not in LOSSES:
+            problems.append(f"--loss {self.loss!r} is not known; choose one of {tuple(LOSSES)}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             problems.append(f"--lr must be a positive finite number, got {self.lr!r}")
         for name in ("beta1", "beta2"):
@@ -56,6 +67,12 @@ class TrainConfig:
         if problems:
             raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
         return self
+
+    def grid_interval(self, total_steps: int) -> int:
+        """Iterations between fixed-noise grids: ``sample_every``, or about GRIDS_PER_RUN grids over the run."""
+        if self.sample_every is not None:
+            return self.sample_every
+        return max(1, -(-total_steps // GRIDS_PER_RUN))
 
     # Fields that may change when a run is resumed: how long to train and how often to report.
     RESUMABLE_CHANGES = ("epochs", "steps", "log_every", "sample_every", "checkpoint_every")
@@ -75,3 +92,7 @@ class TrainConfig:
     def from_dict(cls, values: dict) -> "TrainConfig":
         known = {field.name for field in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+TUTORIAL = TrainConfig()
+"""The PyTorch DCGAN tutorial's settings (64×64 images, batch 128, nz 100, ngf = ndf = 64, Adam 2e-4 / 0.5)."""

@@ -16,15 +16,20 @@ from pathlib import Path
 
 import numpy as np
 
+from functional_gan.errors import UserError
+
 BATCH_STAT_NAMES = ("running_mean", "running_var", "num_batches_tracked")
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(UserError):
     """A weights file that cannot be read or does not fit the model."""
 
 
 def state_dict_to_variables(state_dict: dict[str, np.ndarray]) -> dict:
-    """``{'main.3.weight': array, ...}`` → ``{'params': {...}, 'batch_stats': {...}}`` (NumPy leaves)."""
+    """``{'main.3.weight': array, ...}`` → ``{'params': {...}, 'batch_stats': {...}}`` (NumPy leaves).
+
+    PyTorch: reads what ``net.state_dict()`` returns (as arrays); the inverse of :func:`variables_to_state_dict`.
+    """
     variables: dict = {"params": {}, "batch_stats": {}}
     for key, value in state_dict.items():
         parts = key.split(".")
@@ -40,7 +45,10 @@ def state_dict_to_variables(state_dict: dict[str, np.ndarray]) -> dict:
 
 
 def variables_to_state_dict(params, batch_stats) -> dict[str, np.ndarray]:
-    """Flax variables → ``state_dict`` arrays with PyTorch's names (``num_batches_tracked`` as int64)."""
+    """Flax variables → ``state_dict`` arrays with PyTorch's names (``num_batches_tracked`` as int64).
+
+    PyTorch: the result loads with ``net.load_state_dict(..., strict=True)`` into the tutorial's models.
+    """
     state_dict = {}
     for collection in (params, batch_stats):
         for module_name, leaves in collection.items():
@@ -73,7 +81,10 @@ def infer_discriminator_shape(state_dict: dict[str, np.ndarray]) -> dict:
 
 
 def load_state_dict_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read a ``torch.save(model.state_dict())`` file (weights only) or a ``.safetensors`` file as NumPy arrays."""
+    """Read a ``torch.save(model.state_dict())`` file (weights only) or a ``.safetensors`` file as NumPy arrays.
+
+    PyTorch: ``torch.load(path, weights_only=True)``; a pickle that carries code is refused, never run.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointFormatError(f"weights file {str(path)!r} does not exist")
@@ -102,7 +113,10 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def save_state_dict_file(state_dict: dict[str, np.ndarray], path: str | os.PathLike) -> None:
-    """Write arrays as a PyTorch state_dict (``.pt``/``.pth``) or as ``.safetensors``, by the suffix."""
+    """Write arrays as a PyTorch state_dict (``.pt``/``.pth``) or as ``.safetensors``, by the suffix.
+
+    PyTorch: ``torch.save(state_dict, path)``.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".safetensors":

@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from functional_gan.errors import UserError
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """The data cannot be used (missing, empty, unreadable); the message says why."""
 
 
@@ -139,6 +141,12 @@ def make_fake(image_size: int, nc: int, num_images: int = 512, seed: int = 0) ->
     """Uniform random images (pytorch/examples' ``--dataset fake``): for benchmarks and smoke tests."""
     rng = np.random.default_rng(seed)
     return ImageDataset(rng.integers(0, 256, (num_images, image_size, image_size, nc), dtype=np.uint8), name="fake")
+
+
+def default_channels(data: str) -> int:
+    """Image channels when ``--nc`` is not given: 1 for the grayscale built-in digits (as pytorch/examples
+    does for MNIST), 3 (the tutorial's RGB) otherwise."""
+    return 1 if data == "digits" else 3
 
 
 def load_dataset(data: str, image_size: int, nc: int, progress: bool = True) -> ImageDataset:

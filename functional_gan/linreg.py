@@ -25,6 +25,8 @@ import optax
 
 LEARNING_RATE = 0.1
 EPOCHS = 1000
+# What the book prints for its final parameters: its NumPy code (float64) and its PyTorch code (float32).
+BOOK_RESULTS = {"numpy": (1.02354094, 1.96896411), "pytorch": (1.0235, 1.9690)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,8 +175,20 @@ def run_all(dtype=jnp.float32) -> list[LinRegResult]:
     return [train_numpy(data)] + [trainer(data, dtype=dtype) for trainer in JAX_TRAINERS]
 
 
+def describe_setup() -> str:
+    """One line: the book's data, starting point, first gradients and schedule."""
+    data = make_data()
+    b0, w0 = initial_parameters()
+    b_grad, w_grad = numpy_gradients(b0, w0, data.x_train, data.y_train)
+    return (f"Book's data: {len(data.x_train)} training / {len(data.x_val)} validation points; start b = {b0:.8f}, "
+            f"w = {w0:.8f}; first gradients {b_grad:.4f}, {w_grad:.4f}; lr {LEARNING_RATE}, {EPOCHS} epochs")
+
+
 def format_results(results: list[LinRegResult]) -> str:
+    """A table of every trainer's result, then the book's published numbers to compare with."""
     lines = [f"{'trainer':<34} {'b':>12} {'w':>12} {'train MSE':>11} {'val MSE':>11}"]
     for r in results:
         lines.append(f"{r.trainer:<34} {r.b:>12.8f} {r.w:>12.8f} {r.train_loss:>11.8f} {r.val_loss:>11.8f}")
+    (nb, nw), (pb, pw) = BOOK_RESULTS["numpy"], BOOK_RESULTS["pytorch"]
+    lines.append(f"The book prints: NumPy b = {nb:.8f}, w = {nw:.8f}; PyTorch b = {pb:.4f}, w = {pw:.4f}")
     return "\n".join(lines)

@@ -19,13 +19,13 @@ from tqdm.auto import tqdm
 from functional_gan import checkpoints, plots
 from functional_gan.config import ConfigError, TrainConfig
 from functional_gan.data import DataError, ImageDataset, load_dataset
+from functional_gan.errors import UserError
+from functional_gan.metrics import METRIC_NAMES, StepMetrics, stats_line
 from functional_gan.models import count_params
-from functional_gan.train import GANState, StepMetrics, fixed_noise, init_state, make_sampler, make_train_step
-
-METRIC_NAMES = StepMetrics._fields
+from functional_gan.train import GANState, fixed_noise, init_state, make_sampler, make_train_step
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError):
     """A loss or metric became NaN or infinite; training stopped and nothing after it was saved."""
 
     def __init__(self, step: int, metrics: dict, last_checkpoint: int | None, directory: Path):
@@ -103,6 +103,7 @@ def train(
                         "lower --batch-size or add images")
     total_steps = config.steps if config.steps is not None else config.epochs * per_epoch
     num_epochs = math.ceil(total_steps / per_epoch)
+    grid_every = config.grid_interval(total_steps)
 
     out.mkdir(parents=True, exist_ok=True)
     print_fn(f"Random Seed: {config.seed}")
@@ -125,7 +126,8 @@ def train(
         f"Generator: {count_params(state.generator_params):,} parameters; "
         f"Discriminator: {count_params(state.discriminator_params):,} parameters"
     )
-    print_fn(f"Data: {dataset.name}, {len(dataset)} images, {per_epoch} iterations per epoch (batch {config.batch_size})")
+    print_fn(f"Data: {dataset.name}, {len(dataset)} images, {per_epoch} iterations per epoch (batch {config.batch_size}); "
+             f"{total_steps} iterations, a fixed-noise grid every {grid_every}")
 
     metrics_path = out / "metrics.jsonl"
     first_step = int(jax.device_get(state.step))
@@ -154,10 +156,7 @@ def train(
         epoch, index = divmod(step_done - 1, per_epoch)
         log_file.write(json.dumps({"step": step_done, "epoch": epoch, **values}) + "\n")
         if step_done % config.log_every == 0 or step_done == total_steps:
-            tqdm.write(
-                f"[{epoch}/{num_epochs}][{index}/{per_epoch}]\tLoss_D: {values['loss_d']:.4f}\tLoss_G: {values['loss_g']:.4f}"
-                f"\tD(x): {values['d_x']:.4f}\tD(G(z)): {values['d_g_z1']:.4f} / {values['d_g_z2']:.4f}"
-            )
+            tqdm.write(stats_line(epoch, num_epochs, index, per_epoch, values))
         return values
 
     pending = None  # (step_done, metrics) not yet fetched: read after the next step is launched
@@ -173,7 +172,7 @@ def train(
                 pending = (step + 1, metrics)
                 bar.update(1)
                 step_done = step + 1
-                at_sample = step_done % config.sample_every == 0 or step_done == total_steps
+                at_sample = step_done % grid_every == 0 or step_done == total_steps
                 at_checkpoint = step_done % config.checkpoint_every == 0 or step_done == total_steps
                 if at_sample or at_checkpoint:
                     values = record(*pending, log_file)  # checked finite before anything is saved
@@ -191,6 +190,26 @@ def train(
 
     _write_figures(config, out, dataset, state, sampler, noise)
     return RunResult(state, first_step, int(jax.device_get(state.step)), out, compile_seconds)
+
+
+def sample_from_checkpoint(
+    checkpoint: str | Path, out: str | Path, num: int = 64, seed: int | None = None, eval_bn: bool = False
+) -> tuple[int, Path]:
+    """Write a grid of ``num`` samples of the newest checkpoint in ``checkpoint`` to the PNG ``out``.
+
+    Without ``seed`` the noise is the run's fixed noise (its first 64 rows are the training grids'
+    noise); with one, ``normal(key(seed))``. ``eval_bn`` uses BatchNorm's running statistics
+    (PyTorch's ``.eval()``) instead of the tutorial's train mode. Returns (the checkpoint's step, ``out``).
+    """
+    if num <= 0:
+        raise ConfigError(f"--num must be positive, got {num}")
+    out = Path(out)
+    if out.suffix.lower() != ".png":
+        raise ConfigError(f"--out must name a .png file, got {str(out)!r}")
+    config, state, step = checkpoints.load_latest(checkpoint)
+    noise = fixed_noise(config, num) if seed is None else jax.random.normal(jax.random.key(seed), (num, config.nz))
+    plots.save_grid(np.asarray(make_sampler(config, use_running_average=eval_bn)(state, noise)), out)
+    return step, out
 
 
 def _write_figures(config, out: Path, dataset: ImageDataset, state, sampler, noise) -> None:

@@ -37,14 +37,17 @@ def leaky_relu(x):
 class Generator(nn.Module):
     """The tutorial's ``Generator``: z (N, nz) → images (N, H, W, nc) in [−1, 1].
 
+    PyTorch: ``Generator(ngpu)`` of the DCGAN tutorial (``self.main = nn.Sequential(...)``). Built
+    from a config by :func:`functional_gan.train.make_models`.
+
     For 64×64: ConvT(nz→8·ngf, 4, 1, 0), then ConvT stride-2 blocks 8·ngf→4·ngf→2·ngf→ngf, each
     followed by BatchNorm and ReLU, then ConvT(ngf→nc, 4, 2, 1) and Tanh. All convolutions bias-free.
     """
 
-    nz: int = 100
-    ngf: int = 64
-    nc: int = 3
-    image_size: int = 64
+    nz: int
+    ngf: int
+    nc: int
+    image_size: int
     use_running_average: bool = False  # the tutorial never calls .eval(): train-mode BN everywhere
 
     @nn.compact
@@ -66,14 +69,16 @@ class Generator(nn.Module):
 class Discriminator(nn.Module):
     """The tutorial's ``Discriminator``: images (N, H, W, nc) → probabilities (N,).
 
+    PyTorch: ``Discriminator(ngpu)`` of the DCGAN tutorial.
+
     For 64×64: Conv(nc→ndf, 4, 2, 1) and LeakyReLU(0.2) (no BatchNorm on the first block), then
     stride-2 Conv blocks ndf→2·ndf→4·ndf→8·ndf with BatchNorm and LeakyReLU(0.2), then
     Conv(8·ndf→1, 4, 1, 0) and Sigmoid. All convolutions bias-free.
     """
 
-    ndf: int = 64
-    nc: int = 3
-    image_size: int = 64
+    ndf: int
+    nc: int
+    image_size: int
     use_running_average: bool = False
 
     @nn.compact

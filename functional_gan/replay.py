@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_gan import convert
-from functional_gan.config import TrainConfig
-from functional_gan.train import GANState, gan_step, state_from_variables
+from functional_gan.config import TUTORIAL, TrainConfig
+from functional_gan.errors import UserError
+from functional_gan.metrics import METRIC_NAMES
+from functional_gan.train import GANState, make_gan_step, state_from_variables
 
-METRIC_KEYS = ("loss_d", "loss_g", "d_x", "d_g_z1", "d_g_z2")
 
-
-class ReplayInputError(ValueError):
+class ReplayInputError(UserError):
     """Inputs that do not describe a replayable run; the message says which and why."""
 
 
@@ -35,14 +35,14 @@ class ReplayResult:
     config: TrainConfig
 
 
-def config_from_state_dicts(generator_sd, discriminator_sd, batch_size: int, lr: float, beta1: float) -> TrainConfig:
-    """The model widths and image size read off the state_dict shapes."""
+def config_from_state_dicts(generator_sd, discriminator_sd, batch_size: int, optimizer: TrainConfig = TUTORIAL) -> TrainConfig:
+    """``optimizer`` (its lr, beta1, beta2) with the model widths and image size read off the state_dict shapes."""
     g = convert.infer_generator_shape(generator_sd)
     d = convert.infer_discriminator_shape(discriminator_sd)
     if g["nc"] != d["nc"] or g["image_size"] != d["image_size"]:
         raise ReplayInputError(f"generator ({g}) and discriminator ({d}) disagree on channels or image size")
-    return TrainConfig(
-        batch_size=batch_size, image_size=g["image_size"], nc=g["nc"], nz=g["nz"], ngf=g["ngf"], ndf=d["ndf"], lr=lr, beta1=beta1
+    return dataclasses.replace(
+        optimizer, batch_size=batch_size, image_size=g["image_size"], nc=g["nc"], nz=g["nz"], ngf=g["ngf"], ndf=d["ndf"]
     ).validate()
 
 
@@ -80,8 +80,7 @@ def replay(
     real_NCHW: np.ndarray,
     noise_NCHW: np.ndarray,
     dtype: str = "float32",
-    lr: float = 2e-4,
-    beta1: float = 0.5,
+    optimizer: TrainConfig = TUTORIAL,
 ) -> ReplayResult:
     """Run the tutorial's iterations in JAX on PyTorch's data and noise (NCHW, as PyTorch holds them).
 
@@ -90,7 +89,7 @@ def replay(
       real_NCHW: (steps, batch, nc, H, W) real images in [−1, 1], one batch per iteration.
       noise_NCHW: (steps, batch, nz, 1, 1), the ``torch.randn`` noise of each iteration.
       dtype: "float32" or "float64" (float64 turns on ``jax_enable_x64`` for the replay only).
-      lr, beta1: Adam's settings, as in the run being replayed.
+      optimizer: a config holding Adam's settings (lr, beta1, beta2) of the run being replayed.
 
     Returns:
       Per-step metrics and the final state_dicts (float arrays in ``dtype``, counters int64).
@@ -98,12 +97,12 @@ def replay(
     if dtype not in ("float32", "float64"):
         raise ReplayInputError(f"dtype must be float32 or float64, got {dtype!r}")
     real_NCHW, noise_NCHW = np.asarray(real_NCHW), np.asarray(noise_NCHW)
-    config = config_from_state_dicts(generator_sd, discriminator_sd, real_NCHW.shape[1] if real_NCHW.ndim == 5 else 1, lr, beta1)
+    config = config_from_state_dicts(generator_sd, discriminator_sd, real_NCHW.shape[1] if real_NCHW.ndim == 5 else 1, optimizer)
     _check_batches(real_NCHW, noise_NCHW, config)
     with jax.enable_x64(dtype == "float64"):
         jdtype = jnp.float64 if dtype == "float64" else jnp.float32
         state = state_from_state_dicts(config, generator_sd, discriminator_sd, jdtype)
-        step = jax.jit(lambda s, r, n: gan_step(config, s, r, n))
+        step = make_gan_step(config)
         metrics = []
         for t in range(real_NCHW.shape[0]):
             real = jnp.asarray(real_NCHW[t].transpose(0, 2, 3, 1), jdtype)
@@ -112,11 +111,38 @@ def replay(
             metrics.append(m)
         metrics = jax.device_get(metrics)
         result = ReplayResult(
-            metrics={k: np.array([float(getattr(m, k)) for m in metrics]) for k in METRIC_KEYS},
+            metrics={k: np.array([float(getattr(m, k)) for m in metrics]) for k in METRIC_NAMES},
             generator_state_dict=convert.variables_to_state_dict(state.generator_params, state.generator_batch_stats),
             discriminator_state_dict=convert.variables_to_state_dict(state.discriminator_params, state.discriminator_batch_stats),
             config=config,
         )
+    return result
+
+
+def replay_files(
+    generator: str | os.PathLike,
+    discriminator: str | os.PathLike,
+    batches: str | os.PathLike,
+    out: str | os.PathLike,
+    dtype: str = "float32",
+    optimizer: TrainConfig = TUTORIAL,
+    out_generator: str | os.PathLike | None = None,
+    out_discriminator: str | os.PathLike | None = None,
+) -> ReplayResult:
+    """:func:`replay` on files: state_dicts (``.pt``/``.pth`` read weights-only, or ``.safetensors``) and an
+    ``.npz`` of batches; writes the per-step metrics (``.npz``) and, if asked, the final state_dicts.
+
+    Everything is read and checked before anything is written.
+    """
+    generator_sd = convert.load_state_dict_file(generator)
+    discriminator_sd = convert.load_state_dict_file(discriminator)
+    real, noise = load_batches(batches)
+    result = replay(generator_sd, discriminator_sd, real, noise, dtype, optimizer)
+    save_metrics(result, out)
+    if out_generator:
+        convert.save_state_dict_file(result.generator_state_dict, out_generator)
+    if out_discriminator:
+        convert.save_state_dict_file(result.discriminator_state_dict, out_discriminator)
     return result
 
 

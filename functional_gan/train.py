@@ -6,24 +6,27 @@ The step reads like the tutorial's loop, with ``jax.lax.stop_gradient`` standing
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from functional_gan.config import TrainConfig
-from functional_gan.layers import bce_loss
+from functional_gan.losses import LOSSES, GANLoss
+from functional_gan.metrics import StepMetrics
 from functional_gan.models import Discriminator, Generator
-
-REAL_LABEL = 1.0  # floats, as the tutorial (long labels once broke it)
-FAKE_LABEL = 0.0
 
 
 @flax.struct.dataclass
 class GANState:
-    """Everything a DCGAN run carries from one iteration to the next (a pytree)."""
+    """Everything a DCGAN run carries from one iteration to the next (a pytree).
+
+    PyTorch: what the tutorial keeps in ``netG``, ``netD`` (weights and BatchNorm buffers) and
+    the two ``optim.Adam`` objects, plus the iteration counter.
+    """
 
     step: jax.Array
     generator_params: Any
@@ -34,24 +37,19 @@ class GANState:
     discriminator_opt_state: Any
 
 
-class StepMetrics(NamedTuple):
-    """The tutorial's stats: ``Loss_D``, ``Loss_G``, ``D(x)``, ``D(G(z))`` before / after D's update."""
-
-    loss_d: jax.Array
-    loss_g: jax.Array
-    d_x: jax.Array
-    d_g_z1: jax.Array
-    d_g_z2: jax.Array
-
-
-def make_models(config: TrainConfig) -> tuple[Generator, Discriminator]:
-    generator = Generator(nz=config.nz, ngf=config.ngf, nc=config.nc, image_size=config.image_size)
-    discriminator = Discriminator(ndf=config.ndf, nc=config.nc, image_size=config.image_size)
+def make_models(config: TrainConfig, use_running_average: bool = False) -> tuple[Generator, Discriminator]:
+    """The tutorial's ``netG`` and ``netD`` at the config's sizes (the one place models are built from settings)."""
+    generator = Generator(
+        nz=config.nz, ngf=config.ngf, nc=config.nc, image_size=config.image_size, use_running_average=use_running_average
+    )
+    discriminator = Discriminator(
+        ndf=config.ndf, nc=config.nc, image_size=config.image_size, use_running_average=use_running_average
+    )
     return generator, discriminator
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """``optim.Adam(params, lr, betas=(beta1, 0.999))``: optax's adam is the same algorithm (eps=1e-8 outside the root)."""
+    """``optim.Adam(params, lr, betas=(beta1, beta2))``: optax's adam is the same algorithm (eps=1e-8 outside the root)."""
     return optax.adam(config.lr, b1=config.beta1, b2=config.beta2, eps=1e-8)
 
 
@@ -92,47 +90,31 @@ def step_noise(config: TrainConfig, step: jax.Array, batch_size: int, dtype=jnp.
     return jax.random.normal(jax.random.fold_in(root_key(config, _STEP_NOISE_STREAM), step), (batch_size, config.nz), dtype)
 
 
-def fixed_noise(config: TrainConfig, num: int = 64) -> jax.Array:
-    """The tutorial's ``fixed_noise = randn(64, nz, 1, 1)`` for progress grids."""
-    return jax.random.normal(root_key(config, _FIXED_NOISE_STREAM), (num, config.nz))
+FIXED_NOISE_ROWS = 64  # the tutorial's fixed_noise = torch.randn(64, nz, 1, 1)
 
 
-def discriminate(discriminator: Discriminator, params, batch_stats, images_NHWC):
-    """``netD(images)`` in training mode: (probabilities, updated running statistics)."""
-    probabilities, updates = discriminator.apply(
-        {"params": params, "batch_stats": batch_stats}, images_NHWC, mutable=["batch_stats"]
-    )
-    return probabilities, updates["batch_stats"]
+def fixed_noise(config: TrainConfig, num: int = FIXED_NOISE_ROWS) -> jax.Array:
+    """The run's fixed noise for progress grids (the tutorial's ``fixed_noise``), ``num`` rows.
 
-
-def discriminator_loss(discriminator: Discriminator, params, batch_stats, real_NHWC, fake_NHWC, detach: bool = True):
-    """The tutorial's D loss ``errD = errD_real + errD_fake``; returns (errD, (batch_stats, D(x), D(G(z1)))).
-
-    ``detach=True`` applies ``jax.lax.stop_gradient`` to ``fake`` where the tutorial wrote
-    ``netD(fake.detach())``. When only D's parameters are differentiated it changes nothing (no
-    gradient could reach G anyway); it matters when this loss is differentiated with respect to
-    ``fake`` or G's parameters, which it then cuts to exact zeros. ``detach=False`` exists for the
-    lessons that show the difference.
+    Rows come in blocks of 64 drawn from the run's fixed-noise stream, so the first 64 rows are
+    always the ones the training grids used, whatever ``num`` is.
     """
-    batch_size = real_NHWC.shape[0]
-    output, batch_stats = discriminate(discriminator, params, batch_stats, real_NHWC)
-    err_real = bce_loss(output, jnp.full((batch_size,), REAL_LABEL, output.dtype))
-    d_x = output.mean()
-    fake_input = jax.lax.stop_gradient(fake_NHWC) if detach else fake_NHWC  # PyTorch: fake.detach()
-    output, batch_stats = discriminate(discriminator, params, batch_stats, fake_input)
-    err_fake = bce_loss(output, jnp.full((fake_NHWC.shape[0],), FAKE_LABEL, output.dtype))
-    return err_real + err_fake, (batch_stats, d_x, output.mean())
+    key = root_key(config, _FIXED_NOISE_STREAM)
+    blocks = [jax.random.normal(key, (FIXED_NOISE_ROWS, config.nz))]
+    blocks += [
+        jax.random.normal(jax.random.fold_in(key, block), (FIXED_NOISE_ROWS, config.nz))
+        for block in range(1, -(-num // FIXED_NOISE_ROWS))
+    ]
+    return jnp.concatenate(blocks)[:num]
 
 
-def generator_loss(discriminator: Discriminator, params, batch_stats, fake_NHWC):
-    """The tutorial's G loss ``errG = BCE(netD(fake), 1)``; returns (errG, (batch_stats, D(G(z2))))."""
-    output, batch_stats = discriminate(discriminator, params, batch_stats, fake_NHWC)
-    err_g = bce_loss(output, jnp.full((fake_NHWC.shape[0],), REAL_LABEL, output.dtype))
-    return err_g, (batch_stats, output.mean())
-
-
-def gan_step(config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_NZ: jax.Array) -> tuple[GANState, StepMetrics]:
+def gan_step(
+    config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_NZ: jax.Array, losses: GANLoss | None = None
+) -> tuple[GANState, StepMetrics]:
     """One iteration of the tutorial's loop, as a pure function of the state, the batch and the noise.
+
+    PyTorch: the body of the tutorial's ``for i, data in enumerate(dataloader)`` loop. ``losses``
+    (default: the pair the config names, the tutorial's BCE) supplies D's and G's losses.
 
     PyTorch                                      here
     ------------------------------------------   ------------------------------------------------
@@ -150,6 +132,7 @@ def gan_step(config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_N
     """
     generator, discriminator = make_models(config)
     optimizer = make_optimizer(config)
+    losses = losses or LOSSES[config.loss]
 
     def generate(generator_params):
         fake, updates = generator.apply(
@@ -161,7 +144,7 @@ def gan_step(config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_N
 
     # (1) Update D: maximize log(D(x)) + log(1 - D(G(z))).
     (loss_d, (discriminator_batch_stats, d_x, d_g_z1)), discriminator_grads = jax.value_and_grad(
-        discriminator_loss, argnums=1, has_aux=True
+        losses.discriminator, argnums=1, has_aux=True
     )(discriminator, state.discriminator_params, state.discriminator_batch_stats, real_NHWC, fake)
     updates, discriminator_opt_state = optimizer.update(
         discriminator_grads, state.discriminator_opt_state, state.discriminator_params
@@ -170,7 +153,7 @@ def gan_step(config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_N
 
     # (2) Update G: maximize log(D(G(z))), through the updated D, on the same `fake`.
     (loss_g, (discriminator_batch_stats, d_g_z2)), fake_cotangent = jax.value_and_grad(
-        generator_loss, argnums=3, has_aux=True
+        losses.generator, argnums=3, has_aux=True
     )(discriminator, discriminator_params, discriminator_batch_stats, fake)
     (generator_grads,) = generator_vjp(fake_cotangent)
     updates, generator_opt_state = optimizer.update(generator_grads, state.generator_opt_state, state.generator_params)
@@ -188,11 +171,23 @@ def gan_step(config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_N
     return new_state, StepMetrics(loss_d, loss_g, d_x, d_g_z1, d_g_z2)
 
 
-def make_train_step(config: TrainConfig):
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Batches split along their first axis over the mesh's first axis (data parallelism)."""
+    return NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Parameters, optimizer states and metrics: a full copy on every device of the mesh."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def make_train_step(config: TrainConfig, mesh: Mesh | None = None):
     """``train_step(state, real_NHWC) -> (state, metrics)``, jitted whole (loss, gradients and updates).
 
-    The noise is drawn inside from ``fold_in(root_key, state.step)``. The state's buffers are
-    donated on accelerators (CPU ignores donation).
+    The noise is drawn inside from ``fold_in(root_key, state.step)``. With a ``mesh``, the batch
+    is sharded along its first axis and the state replicated: still one program, and BatchNorm's
+    statistics are over the global batch, as one device computes them (XLA inserts the
+    reductions). The state's buffers are donated on accelerators (CPU ignores donation).
     """
 
     def train_step(state: GANState, real_NHWC: jax.Array):
@@ -200,7 +195,22 @@ def make_train_step(config: TrainConfig):
         return gan_step(config, state, real_NHWC, noise)
 
     donate = (0,) if jax.default_backend() != "cpu" else ()
-    return jax.jit(train_step, donate_argnums=donate)
+    if mesh is None:
+        return jax.jit(train_step, donate_argnums=donate)
+    return jax.jit(
+        train_step,
+        in_shardings=(replicated(mesh), batch_sharding(mesh)),
+        out_shardings=(replicated(mesh), replicated(mesh)),
+        donate_argnums=donate,
+    )
+
+
+def make_gan_step(config: TrainConfig):
+    """``gan_step`` jitted with the noise as an argument: ``step(state, real_NHWC, noise_NZ)``.
+
+    For replaying a PyTorch run, whose noise comes from ``torch.randn``.
+    """
+    return jax.jit(lambda state, real_NHWC, noise_NZ: gan_step(config, state, real_NHWC, noise_NZ))
 
 
 def make_sampler(config: TrainConfig, use_running_average: bool = False):
@@ -210,9 +220,7 @@ def make_sampler(config: TrainConfig, use_running_average: bool = False):
     ``.eval()``). Unlike PyTorch, sampling here leaves G's running statistics unchanged: it is a
     pure function of the state, not an update of it.
     """
-    generator = Generator(
-        nz=config.nz, ngf=config.ngf, nc=config.nc, image_size=config.image_size, use_running_average=use_running_average
-    )
+    generator, _ = make_models(config, use_running_average)
 
     @jax.jit
     def sample(state: GANState, noise_NZ: jax.Array) -> jax.Array:

@@ -1,7 +1,8 @@
-"""Shared test helpers: NCHW↔NHWC and PyTorch model ↔ GANState."""
+"""Shared test helpers: NCHW↔NHWC, PyTorch model ↔ GANState, and one tree_allclose."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -18,16 +19,26 @@ def nhwc_to_nchw(x):
     return np.asarray(x).transpose(0, 3, 1, 2)
 
 
+def tree_allclose(a, b, rtol: float = 0.0, atol: float = 0.0) -> bool:
+    """Same structure, and every leaf equal within the tolerances (exact by default)."""
+    if jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b):
+        return False
+    return all(
+        np.allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    )
+
+
 def state_from_torch(config, net_g, net_d) -> GANState:
     """A fresh GANState (fresh Adam) holding the PyTorch models' exact weights and running statistics."""
-    from comparisons.torch_reference import state_dict_numpy
+    from functional_gan.pytorch.dcgan import state_dict_numpy
 
     dtype = jnp.float64 if next(net_g.parameters()).dtype.itemsize == 8 else jnp.float32
     return state_from_state_dicts(config, state_dict_numpy(net_g), state_dict_numpy(net_d), dtype)
 
 
 def max_state_dict_difference(jax_params, jax_batch_stats, torch_module) -> float:
-    from comparisons.torch_reference import state_dict_numpy
+    from functional_gan.pytorch.dcgan import state_dict_numpy
 
     ours = convert.variables_to_state_dict(jax_params, jax_batch_stats)
     theirs = state_dict_numpy(torch_module)

@@ -3,6 +3,7 @@
 import jax
 
 from functional_gan import graph
+from functional_gan.lessons import pictures
 from functional_gan.main import main
 
 
@@ -16,7 +17,7 @@ def test_gradient_flow_stops_at_stop_gradient():
 
 
 def test_d_step_graph_cuts_every_generator_input():
-    graphs = graph.d_step_graphs()
+    graphs = pictures.d_step_graphs()
     dot = graphs["dstep_jax_loss"]
     g_inputs = [line for line in dot.splitlines() if 'label="G ' in line]
     d_inputs = [line for line in dot.splitlines() if 'label="D ' in line]

@@ -21,6 +21,8 @@ from functional_gan.layers import (
 )
 from tests.helpers import nchw_to_nhwc, nhwc_to_nchw
 
+pytestmark = pytest.mark.usefixtures("strict_dtype_promotion")
+
 CONV_CASES = [  # (in, out, kernel, stride, padding, input size): the tutorial's layer kinds
     (5, 3, 4, 1, 0, 1),  # G's first layer: 1×1 → 4×4, or D's last 4×4 → 1×1
     (4, 6, 4, 2, 1, 5),  # the stride-2 blocks
@@ -88,14 +90,17 @@ def test_conv2d_matches_torch(case, dtype, rtol, atol, conv_impl):
     np.testing.assert_allclose(dw, tdw, rtol=rtol, atol=atol)
 
 
+def _float64_inputs(rng, x_shape, w_shape):
+    """Random float64 activations (NHWC) and kernel as JAX arrays (call under jax.enable_x64)."""
+    return jnp.asarray(rng.normal(size=x_shape)), jnp.asarray(rng.normal(size=w_shape))
+
+
 @pytest.mark.parametrize("case", CONV_CASES + [(3, 2, 4, 2, 1, 8), (2, 3, 5, 3, 2, 4)])
 def test_subpixel_forward_equals_the_dilated_form(case):
     """The sub-pixel transposed convolution (no input dilation) computes the dilated form's values."""
     cin, cout, k, s, p, size = case
-    rng = np.random.default_rng(4)
     with jax.enable_x64(True):
-        x = jnp.asarray(rng.normal(size=(2, size, size, cin)))
-        w = jnp.asarray(rng.normal(size=(cin, cout, k, k)))
+        x, w = _float64_inputs(np.random.default_rng(4), (2, size, size, cin), (cin, cout, k, k))
         subpixel = conv_transpose2d_reference(x, w, s, p, form="subpixel")
         dilated = conv_transpose2d_reference(x, w, s, p, form="dilated")
     np.testing.assert_allclose(subpixel, dilated, rtol=1e-12, atol=1e-12)  # float64: summation order only
@@ -112,10 +117,8 @@ def test_second_derivatives_equal_jax_autodiff(case):
     cin, cout, k, s, p, size = case
     rng = np.random.default_rng(5)
     with jax.enable_x64(True):
-        x_t = jnp.asarray(rng.normal(size=(2, size, size, cin)))
-        w_t = jnp.asarray(rng.normal(size=(cin, cout, k, k)))
-        x_c = jnp.asarray(rng.normal(size=(2, size + 6, size + 6, cin)))
-        w_c = jnp.asarray(rng.normal(size=(cout, cin, k, k)))
+        x_t, w_t = _float64_inputs(rng, (2, size, size, cin), (cin, cout, k, k))
+        x_c, w_c = _float64_inputs(rng, (2, size + 6, size + 6, cin), (cout, cin, k, k))
         for ours, reference, x, w in (
             (conv_transpose2d, lambda a, b, s_, p_: conv_transpose2d_reference(a, b, s_, p_, form="dilated"), x_t, w_t),
             (conv2d, conv2d_reference, x_c, w_c),
@@ -160,10 +163,11 @@ def test_batch_chunking_on_cpu_gives_the_unchunked_values(monkeypatch):
         np.testing.assert_allclose(chunked[0], whole[0], rtol=0, atol=0)  # per-sample: exact
         for a, b in zip(chunked[1](cot), whole[1](cot)):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)  # weight gradient: a sum in another order
-        y_chunked = conv_transpose2d(cot, w, 2, 1)
-    monkeypatch.setattr(layers, "CPU_CONV_CHUNK_BYTES", 8 * 2**20)
+        transposed_grads = jax.vjp(lambda a, b: conv_transpose2d(a, b, 2, 1), cot, w)[1](x)  # uses both split paths
+    monkeypatch.setattr(layers, "CPU_CONV_CHUNK_BYTES", 2**40)  # no split
     with jax.enable_x64(True):
-        np.testing.assert_allclose(y_chunked, conv_transpose2d(cot, w, 2, 1), rtol=0, atol=0)
+        for a, b in zip(transposed_grads, jax.vjp(lambda a, b: conv_transpose2d(a, b, 2, 1), cot, w)[1](x)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_custom_vjp_equals_autodiff_of_the_dilated_convolution():

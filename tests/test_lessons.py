@@ -3,13 +3,12 @@
 import numpy as np
 import pytest
 
-from functional_gan import lessons
-from functional_gan.lessons import Raised
+from functional_gan.lessons import LESSONS, Raised, basics, gan, linear_regression, run_lesson
 from functional_gan.main import main
 
 
 def test_detach_raises_in_pytorch_and_gives_zero_in_jax():
-    torch_side, jax_side = lessons.torch_detach(), lessons.jax_stop_gradient()
+    torch_side, jax_side = basics.torch_detach(), basics.jax_stop_gradient()
     raised = torch_side["grad through y_hat.detach()"]
     assert isinstance(raised, Raised) and raised.type == "RuntimeError" and "does not require grad" in raised.message
     assert jax_side["grad through stop_gradient(y_hat)"] == 0.0  # exactly zero, not an error
@@ -17,15 +16,16 @@ def test_detach_raises_in_pytorch_and_gives_zero_in_jax():
 
 
 def test_requires_grad_propagation_and_argnums():
-    torch_side, jax_side = lessons.torch_requires_grad(), lessons.jax_argnums()
+    torch_side, jax_side = basics.torch_requires_grad(), basics.jax_argnums()
     assert torch_side["a = x + y: requires_grad"] is False and torch_side["b = a + z: requires_grad"] is True
     assert torch_side["x.grad"] is None
     assert jax_side["grad wrt z (argnums=2)"] == [1.0, 1.0] == jax_side["grad wrt z via a closure"]
     assert jax_side["grads wrt x and z (argnums=(0, 2))"] == 2
+    assert jax_side["x has a requires_grad attribute"] is False
 
 
 def test_grad_fn_names_and_jaxpr_equations():
-    torch_side, jax_side = lessons.torch_grad_fn(), lessons.jax_jaxpr()
+    torch_side, jax_side = basics.torch_grad_fn(), basics.jax_jaxpr()
     assert "grad_fn=<MulBackward0>" in torch_side["y = x * 3"]
     assert torch_side["y_hat.grad_fn"] == "AddBackward0"
     assert torch_side["y_hat.grad_fn.next_functions"] == ["AccumulateGrad", "MulBackward0"]
@@ -33,14 +33,14 @@ def test_grad_fn_names_and_jaxpr_equations():
 
 
 def test_no_grad_block_and_stop_gradient_block():
-    torch_side, jax_side = lessons.torch_no_grad(), lessons.jax_no_differentiation()
+    torch_side, jax_side = basics.torch_no_grad(), basics.jax_no_differentiation()
     assert torch_side["inside no_grad: y.requires_grad"] is False and torch_side["inside no_grad: y.grad_fn"] is None
     assert torch_side["outside: z.grad_fn"] == "MulBackward0"
     assert jax_side["d/dx x·stop_gradient(2x)"] == [4.0] and jax_side["d/dx x·2x"] == [8.0]
 
 
 def test_accumulation_doubles_in_pytorch_and_multisteps_equals_the_big_batch():
-    torch_side, jax_side = lessons.torch_accumulation(), lessons.jax_gradients_are_values()
+    torch_side, jax_side = linear_regression.torch_accumulation(), linear_regression.jax_gradients_are_values()
     first = np.array(torch_side["after first backward(): b.grad, w.grad"])
     second = np.array(torch_side["after second backward(): b.grad, w.grad"])
     np.testing.assert_allclose(first, [-3.0448, -1.8338], atol=5e-5)  # the book's first gradients
@@ -56,7 +56,7 @@ def test_accumulation_doubles_in_pytorch_and_multisteps_equals_the_big_batch():
 
 
 def test_update_pitfalls_raise_the_books_errors():
-    torch_side, jax_side = lessons.torch_update_pitfalls(), lessons.jax_new_values()
+    torch_side, jax_side = linear_regression.torch_update_pitfalls(), linear_regression.jax_new_values()
     lost = torch_side["b = b - lr * b.grad, then b.grad.zero_()"]
     assert isinstance(lost, Raised) and lost.type == "AttributeError" and "zero_" in lost.message
     in_place = torch_side["b -= lr * b.grad"]
@@ -66,11 +66,12 @@ def test_update_pitfalls_raise_the_books_errors():
     assert (round(b, 4), round(w, 4)) == (1.0235, 1.9690)
     b_jax, w_jax = jax_side["params = tree_map(p - lr * g), 1000 epochs: b, w"]
     assert b_jax == pytest.approx(b, abs=1e-5) and w_jax == pytest.approx(w, abs=1e-5)
-    assert jax_side["original params untouched: b"] == pytest.approx(0.49671415, abs=1e-7)
+    assert jax_side["b.at[()].set(0.0) returns"] == 0.0
+    assert jax_side["b afterwards (unchanged: arrays are immutable)"] == pytest.approx(0.49671415, abs=1e-7)
 
 
 def test_retain_graph_error_and_reusable_vjp():
-    torch_side, jax_side = lessons.torch_retain_graph(), lessons.jax_vjp_reuse()
+    torch_side, jax_side = basics.torch_retain_graph(), basics.jax_vjp_reuse()
     second = torch_side["second backward()"]
     assert isinstance(second, Raised) and "backward through the graph a second time" in second.message
     expected = np.exp(3.0) * 4.0  # d/dx x·e^x = e^x (1 + x), computed independently
@@ -81,27 +82,38 @@ def test_retain_graph_error_and_reusable_vjp():
 
 
 def test_gan_step_detach_and_stop_gradient():
-    torch_side, jax_side = lessons.torch_gan_step(), lessons.jax_gan_step()
-    assert torch_side["with detach(): netG .grad after the D step"] == "all None"
-    assert torch_side["without detach(): netG .grad after the D step"].startswith("filled")
+    torch_side, jax_side = gan.torch_gan_step(), gan.jax_gan_step()
+    assert torch_side[gan.TORCH_G_GRADS_NONE.format(cut="with detach()")] == torch_side["netG parameters"] > 0
+    assert torch_side[gan.TORCH_G_GRADS_NONE.format(cut="without detach()")] == 0
+    assert torch_side[gan.TORCH_G_GRAD_SUM.format(cut="without detach()")] > 0.0
     assert torch_side["without detach(): D-step FLOPs"] > torch_side["with detach(): D-step FLOPs"]
+    assert jax_side["grad wrt D only: its top-level keys are D's modules"] is True
     assert jax_side["grad wrt D only: identical with and without stop_gradient"] is True
-    assert jax_side["grad wrt G and D, with stop_gradient: |sum of G's gradient|"] == 0.0
-    assert jax_side["grad wrt G and D, without stop_gradient: |sum of G's gradient|"] > 0.0
+    assert jax_side[gan.JAX_G_GRAD_SUM.format(cut="with stop_gradient")] == 0.0
+    assert jax_side[gan.JAX_G_GRAD_SUM.format(cut="without stop_gradient")] > 0.0
 
 
 def test_compiled_program_drops_g_backward_unless_asked():
-    table = lessons.compiled_cost_table()
-    jax_rows, torch_rows = table["jax"], table["pytorch"]
+    jax_rows, torch_rows = gan.jax_compiled_cost(gan.LESSON_GAN), gan.torch_compiled_cost(gan.LESSON_GAN)
     d_only = jax_rows["grad wrt D, with stop_gradient"]
     assert jax_rows["grad wrt D, without stop_gradient"] == d_only  # XLA builds the same program
-    assert jax_rows["grad wrt G and D, with stop_gradient"]["convolutions"] == d_only["convolutions"]
+    assert jax_rows["grad wrt G and D, with stop_gradient"]["convolutions in the optimised HLO"] == d_only[
+        "convolutions in the optimised HLO"]
     both = jax_rows["grad wrt G and D, without stop_gradient"]
-    assert both["convolutions"] > d_only["convolutions"] and both["GFLOP (XLA)"] > d_only["GFLOP (XLA)"]
+    assert both["convolutions in the optimised HLO"] > d_only["convolutions in the optimised HLO"]
+    assert both["GFLOP (XLA cost analysis)"] > d_only["GFLOP (XLA cost analysis)"]
     with_detach, without = torch_rows["D step with detach()"], torch_rows["D step without detach()"]
     assert without["GFLOP (FlopCounterMode)"] > with_detach["GFLOP (FlopCounterMode)"]
     assert without["aten convolution calls (a backward call computes both gradients)"] > with_detach[
         "aten convolution calls (a backward call computes both gradients)"]
+
+
+def test_the_compiled_lesson_shows_the_code_that_produced_its_values():
+    result = run_lesson("compiled")
+    assert result.values["JAX"] == gan.jax_compiled_cost(gan.LESSON_GAN)
+    assert "def jax_compiled_cost(config" in result.code["JAX"] and "cost_analysis()" in result.code["JAX"]
+    assert "def torch_compiled_cost(config" in result.code["PyTorch"]
+    assert LESSONS["compiled"].sizes["full"].image_size == 64 and LESSONS["compiled"].sizes["full"].batch_size == 128
 
 
 def test_cli_runs_a_lesson_and_writes_markdown(tmp_path, capsys):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from comparisons import torch_linreg
+from functional_gan.pytorch import linreg as torch_linreg
 from functional_gan import linreg
 
 # Published in the book (NumPy gradient descent, float64): b = 1.02354094, w = 1.96896411,

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from comparisons import torch_reference
 from functional_gan.config import TrainConfig
-from functional_gan.models import Discriminator, Generator
-from functional_gan.train import discriminator_loss, gan_step, init_state, make_train_step
+from functional_gan.losses import bce_discriminator_loss
+from functional_gan.pytorch import dcgan
+from functional_gan.pytorch.precision import default_dtype
+from functional_gan.train import init_state, make_gan_step, make_models, make_train_step
 from tests.helpers import max_state_dict_difference, nchw_to_nhwc, state_from_torch
 
 TINY = TrainConfig(batch_size=4, image_size=32, nz=8, ngf=4, ndf=4, nc=3)
@@ -42,8 +43,7 @@ def test_running_statistics_update_three_times_for_d_and_once_for_g():
 def _d_loss_as_function_of_generator(detach):
     config = TINY
     state = init_state(config)
-    generator = Generator(nz=config.nz, ngf=config.ngf, nc=config.nc, image_size=config.image_size)
-    discriminator = Discriminator(ndf=config.ndf, nc=config.nc, image_size=config.image_size)
+    generator, discriminator = make_models(config)
     noise = jax.random.normal(jax.random.key(1), (4, config.nz))
     real = jax.random.uniform(jax.random.key(2), (4, 32, 32, 3), minval=-1, maxval=1)
 
@@ -51,7 +51,7 @@ def _d_loss_as_function_of_generator(detach):
         fake, _ = generator.apply(
             {"params": generator_params, "batch_stats": state.generator_batch_stats}, noise, mutable=["batch_stats"]
         )
-        err_d, _ = discriminator_loss(
+        err_d, _ = bce_discriminator_loss(
             discriminator, state.discriminator_params, state.discriminator_batch_stats, real, fake, detach=detach
         )
         return err_d
@@ -73,27 +73,24 @@ def test_without_stop_gradient_the_d_loss_reaches_g():
 def test_float64_steps_match_the_pytorch_tutorial_loop():
     """Ten iterations from the same weights, data and noise; tolerance 1e-10 (measured ~1e-15)."""
     config = TINY
-    torch.set_default_dtype(torch.float64)
-    try:
-        net_g, net_d = torch_reference.make_models(nz=8, ngf=4, ndf=4, image_size=32, dtype=torch.float64)
-        optimizer_g, optimizer_d = torch_reference.make_optimizers(net_g, net_d)
+    with default_dtype(torch.float64):
+        net_g, net_d = dcgan.make_models(config, dtype=torch.float64)
+        optimizer_g, optimizer_d = dcgan.make_optimizers(net_g, net_d, config)
         criterion = torch.nn.BCELoss()
         rng = np.random.default_rng(0)
         with jax.enable_x64(True):
             state = state_from_torch(config, net_g, net_d)
-            step = jax.jit(lambda s, r, n: gan_step(config, s, r, n))
+            step = make_gan_step(config)
             for _ in range(10):
                 real = rng.uniform(-1, 1, (4, 3, 32, 32))
                 noise = rng.normal(size=(4, 8, 1, 1))
-                expected = torch_reference.tutorial_iteration(
+                expected = dcgan.tutorial_iteration(
                     net_g, net_d, optimizer_g, optimizer_d, criterion, torch.tensor(real), torch.tensor(noise)
                 )
                 state, metrics = step(state, jnp.asarray(nchw_to_nhwc(real)), jnp.asarray(noise[:, :, 0, 0]))
                 np.testing.assert_allclose(np.array(metrics), np.array(expected), rtol=0, atol=1e-10)
             assert max_state_dict_difference(state.generator_params, state.generator_batch_stats, net_g) < 1e-10
             assert max_state_dict_difference(state.discriminator_params, state.discriminator_batch_stats, net_d) < 1e-10
-    finally:
-        torch.set_default_dtype(torch.float32)
 
 
 def test_the_step_compiles_once():

@@ -1,17 +1,22 @@
-"""The PyTorch side: the DCGAN tutorial's models and loop exactly as published.
+"""The DCGAN tutorial in PyTorch, exactly as published: its models, ``weights_init`` and loop.
 
 Modules are wrapped in ``self.main = nn.Sequential(...)`` as in the tutorial and pytorch/examples,
 so ``state_dict`` keys (``main.0.weight``, ``main.1.running_mean`` ...) match their checkpoints.
 Image sizes 32 and 128 drop or add one stride-2 block, mirroring :mod:`functional_gan.models`.
+Settings come from a :class:`functional_gan.config.TrainConfig`, the same the JAX side trains with.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
+
+from functional_gan.config import TrainConfig
+from functional_gan.losses import FAKE_LABEL, REAL_LABEL
 
 
 def _stride2_blocks(image_size: int) -> int:
@@ -63,54 +68,70 @@ def weights_init(m):
         nn.init.constant_(m.bias.data, 0)
 
 
-def make_models(nz=100, ngf=64, ndf=64, nc=3, image_size=64, seed=999, dtype=torch.float32):
-    """netG and netD built and initialised as the tutorial does (``manual_seed``, then ``apply(weights_init)``)."""
-    torch.manual_seed(seed)
-    net_g = Generator(nz, ngf, nc, image_size).to(dtype)
+def make_models(config: TrainConfig, dtype=torch.float32):
+    """netG and netD built and initialised as the tutorial does (``manual_seed(seed)``, then ``apply(weights_init)``)."""
+    torch.manual_seed(config.seed)
+    net_g = Generator(config.nz, config.ngf, config.nc, config.image_size).to(dtype)
     net_g.apply(weights_init)
-    net_d = Discriminator(ndf, nc, image_size).to(dtype)
+    net_d = Discriminator(config.ndf, config.nc, config.image_size).to(dtype)
     net_d.apply(weights_init)
     return net_g, net_d
 
 
-def tutorial_iteration(net_g, net_d, optimizer_g, optimizer_d, criterion, real, noise, detach=True):
-    """One iteration of the tutorial's loop, in its order. Returns (errD, errG, D_x, D_G_z1, D_G_z2) as floats.
+def make_optimizers(net_g, net_d, config: TrainConfig):
+    """The tutorial's ``optim.Adam(net.parameters(), lr=lr, betas=(beta1, 0.999))``, beta2 from the config."""
+    optimizer_d = torch.optim.Adam(net_d.parameters(), lr=config.lr, betas=(config.beta1, config.beta2))
+    optimizer_g = torch.optim.Adam(net_g.parameters(), lr=config.lr, betas=(config.beta1, config.beta2))
+    return optimizer_g, optimizer_d
 
-    ``detach=False`` drops ``.detach()`` from the D step (the lessons measure what that costs); the
-    G step then needs ``retain_graph=True`` on the D-step backward, which is passed only in that case.
+
+class DStep(NamedTuple):
+    """What the tutorial's D step leaves behind: the losses, D's outputs and ``fake`` (with its graph)."""
+
+    err_d_real: torch.Tensor
+    err_d_fake: torch.Tensor
+    output_real: torch.Tensor
+    output_fake: torch.Tensor
+    fake: torch.Tensor
+
+
+def d_step(net_g, net_d, criterion, real, noise, detach: bool = True, backward: bool = True) -> DStep:
+    """The tutorial's step (1): ``errD_real`` on the real batch, then ``netD(fake.detach())``.
+
+    With ``backward`` each loss is backpropagated as the tutorial does (gradients accumulate in
+    ``.grad``; call ``net_d.zero_grad()`` first). ``detach=False`` drops ``.detach()`` (the lessons
+    measure what that costs); the G step then needs the graph, so the fake loss's backward keeps it.
     """
-    real_label, fake_label = 1.0, 0.0
     b_size = real.size(0)
+    label = torch.full((b_size,), REAL_LABEL, dtype=real.dtype)
+    output_real = net_d(real).view(-1)
+    err_d_real = criterion(output_real, label)
+    if backward:
+        err_d_real.backward()
+    fake = net_g(noise)
+    label = torch.full((b_size,), FAKE_LABEL, dtype=real.dtype)
+    output_fake = net_d(fake.detach() if detach else fake).view(-1)
+    err_d_fake = criterion(output_fake, label)
+    if backward:
+        err_d_fake.backward(retain_graph=not detach)
+    return DStep(err_d_real, err_d_fake, output_real, output_fake, fake)
+
+
+def tutorial_iteration(net_g, net_d, optimizer_g, optimizer_d, criterion, real, noise, detach=True):
+    """One iteration of the tutorial's loop, in its order. Returns (errD, errG, D_x, D_G_z1, D_G_z2) as floats."""
     # (1) Update D network: maximize log(D(x)) + log(1 - D(G(z)))
     net_d.zero_grad()
-    label = torch.full((b_size,), real_label, dtype=real.dtype)
-    output = net_d(real).view(-1)
-    err_d_real = criterion(output, label)
-    err_d_real.backward()
-    d_x = output.mean().item()
-    fake = net_g(noise)
-    label.fill_(fake_label)
-    output = net_d(fake.detach() if detach else fake).view(-1)
-    err_d_fake = criterion(output, label)
-    err_d_fake.backward(retain_graph=not detach)
-    d_g_z1 = output.mean().item()
-    err_d = err_d_real + err_d_fake
+    d = d_step(net_g, net_d, criterion, real, noise, detach)
+    err_d = d.err_d_real + d.err_d_fake
     optimizer_d.step()
     # (2) Update G network: maximize log(D(G(z)))
     net_g.zero_grad()
-    label.fill_(real_label)
-    output = net_d(fake).view(-1)
+    label = torch.full((real.size(0),), REAL_LABEL, dtype=real.dtype)
+    output = net_d(d.fake).view(-1)
     err_g = criterion(output, label)
     err_g.backward()
-    d_g_z2 = output.mean().item()
     optimizer_g.step()
-    return err_d.item(), err_g.item(), d_x, d_g_z1, d_g_z2
-
-
-def make_optimizers(net_g, net_d, lr=2e-4, beta1=0.5):
-    optimizer_d = torch.optim.Adam(net_d.parameters(), lr=lr, betas=(beta1, 0.999))
-    optimizer_g = torch.optim.Adam(net_g.parameters(), lr=lr, betas=(beta1, 0.999))
-    return optimizer_g, optimizer_d
+    return err_d.item(), err_g.item(), d.output_real.mean().item(), d.output_fake.mean().item(), output.mean().item()
 
 
 def state_dict_numpy(module: nn.Module) -> dict[str, np.ndarray]:

@@ -3,13 +3,14 @@
 import numpy as np
 import pytest
 
-from comparisons import quality, report
+from functional_gan.comparisons import GROUPS, quality, report
 
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    results, path = report.run_suite(out, include_quality=False, progress=lambda _: None)
+    groups = [g for g in GROUPS if g != "quality"]
+    results, path = report.run_suite(out, groups=groups, progress=lambda _: None)
     return {r.name: r for r in results}, path
 
 
@@ -62,12 +63,16 @@ def test_report_renders_with_its_plots(suite):
         assert f"({image})" in text and (path.parent / image).stat().st_size > 1000
 
 
-def test_long_float32_runs_reach_the_same_sample_quality():
-    result = quality.compare_quality(quality.QualitySpec(steps=300, nz=100, ngf=32, ndf=32), progress=lambda _: None)
+# A short version of `functional-gan compare`'s long statistical runs (2 seeds × 300 iterations,
+# about 90 s on 2 cores, with the verdict on the mean gap): one seed, so it checks that both
+# frameworks learn from the same start, data and noise, not how close their qualities are.
+SHORT_QUALITY = quality.QualitySpec(seeds=(1,), num_samples=256)
+
+
+def test_a_short_float32_run_learns_in_both_frameworks():
+    result = quality.compare_quality(SHORT_QUALITY, progress=lambda _: None)
     assert result["classifier_accuracy"] > 0.9
     for framework in ("jax", "pytorch"):
         # Both learned: far below an untrained generator's distance (~2100), scores well above 1.
-        assert max(result["scores"][framework]["fd"]) < 0.5 * result["untrained_fd"]
-        assert min(result["scores"][framework]["score"]) > 2.0
-    assert result["verdicts"]["fd"]["passed"], result["verdicts"]["fd"]
-    assert result["verdicts"]["score"]["passed"], result["verdicts"]["score"]
+        assert result["scores"][framework]["fd"][0] < 0.5 * result["untrained_fd"]
+        assert result["scores"][framework]["score"][0] > 2.0

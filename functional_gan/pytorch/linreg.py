@@ -98,3 +98,11 @@ def train_linear(data: LinRegData, lr=LEARNING_RATE, epochs=EPOCHS, dtype=torch.
 
 
 TORCH_TRAINERS = (train_manual, train_backward, train_sgd, train_linear)
+
+
+def run_all(dtype=torch.float32) -> list[LinRegResult]:
+    """The four PyTorch variants on the book's data."""
+    from functional_gan.linreg import make_data
+
+    data = make_data()
+    return [trainer(data, dtype=dtype) for trainer in TORCH_TRAINERS]

@@ -1,10 +1,10 @@
 """The JAX side against recorded PyTorch runs: runs without torch installed.
 
-Regenerate the fixtures with ``python -m comparisons.regenerate_fixtures`` if the reference
+Regenerate the fixtures with ``python -m functional_gan.comparisons.regenerate_fixtures`` if the reference
 setup changes (they were recorded with torch 2.13.0 on CPU).
 """
 
-from comparisons import fixtures
+from functional_gan.comparisons import fixtures
 
 
 def test_float64_trajectory_matches_the_recorded_pytorch_run():

@@ -6,29 +6,29 @@ import numpy as np
 import pytest
 import torch
 
-from comparisons import torch_reference
-from comparisons.common import RunSpec, make_batches, max_state_difference
-from functional_gan import convert
-from functional_gan.main import main
+import dataclasses
 
-SPEC = RunSpec(steps=5, batch_size=4)
+from functional_gan import convert
+from functional_gan.comparisons.common import SMALL_WIDTHS, make_batches, max_state_difference
+from functional_gan.main import main
+from functional_gan.pytorch import dcgan as torch_reference
+from functional_gan.pytorch.precision import default_dtype
+
+SPEC = dataclasses.replace(SMALL_WIDTHS, steps=5, batch_size=4)
 
 
 @pytest.fixture()
 def tutorial_files(tmp_path):
     """netG/netD saved as the tutorial saves them, plus the batches its run used."""
-    torch.set_default_dtype(torch.float64)
-    try:
-        net_g, net_d = torch_reference.make_models(SPEC.nz, SPEC.ngf, SPEC.ndf, SPEC.nc, SPEC.image_size, seed=3, dtype=torch.float64)
+    with default_dtype(torch.float64):
+        net_g, net_d = torch_reference.make_models(dataclasses.replace(SPEC, seed=3), dtype=torch.float64)
         torch.save(net_g.state_dict(), tmp_path / "G.pt")
         torch.save(net_d.state_dict(), tmp_path / "D.pt")
         real, noise = make_batches(SPEC)
         np.savez(tmp_path / "B.npz", real=real, noise=noise)
-        optimizer_g, optimizer_d = torch_reference.make_optimizers(net_g, net_d)
+        optimizer_g, optimizer_d = torch_reference.make_optimizers(net_g, net_d, SPEC)
         rows = [torch_reference.tutorial_iteration(net_g, net_d, optimizer_g, optimizer_d, torch.nn.BCELoss(),
                                                    torch.as_tensor(real[t]), torch.as_tensor(noise[t])) for t in range(SPEC.steps)]
-    finally:
-        torch.set_default_dtype(torch.float32)
     return tmp_path, np.array(rows), net_g, net_d
 
 
@@ -52,7 +52,7 @@ def test_replay_command_reproduces_the_tutorials_run(tutorial_files):
 
 
 def test_state_dict_round_trip_is_exact(tmp_path):
-    net_g, net_d = torch_reference.make_models(nz=10, ngf=4, ndf=4, image_size=32)
+    net_g, net_d = torch_reference.make_models(dataclasses.replace(SPEC, nz=10, ngf=4, ndf=4))
     for net in (net_g, net_d):
         original = torch_reference.state_dict_numpy(net)
         variables = convert.state_dict_to_variables(original)
