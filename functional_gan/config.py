@@ -42,6 +42,7 @@ class TrainConfig:
     sample_every: int | None = None  # fixed-noise grid interval; None: about GRIDS_PER_RUN grids (the tutorial: 500)
     checkpoint_every: int = 500
     loss: str = "bce"  # the tutorial's BCELoss pair (functional_gan.losses)
+    devices: int | None = None  # data parallelism over this many local devices; None: all of them
 
     def validate(self) -> "TrainConfig":
         """Raise :class:`ConfigError` with a clear message if any value cannot work."""
@@ -52,7 +53,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 problems.append(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        for name in ("steps", "sample_every"):
+        for name in ("steps", "sample_every", "devices"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 problems.append(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -75,7 +76,7 @@ class TrainConfig:
         return max(1, -(-total_steps // GRIDS_PER_RUN))
 
     # Fields that may change when a run is resumed: how long to train and how often to report.
-    RESUMABLE_CHANGES = ("epochs", "steps", "log_every", "sample_every", "checkpoint_every")
+    RESUMABLE_CHANGES = ("epochs", "steps", "log_every", "sample_every", "checkpoint_every", "devices")
 
     def incompatibilities(self, saved: "TrainConfig") -> list[str]:
         """Fields that differ from ``saved`` in a way a resumed run cannot accept."""

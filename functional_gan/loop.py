@@ -22,7 +22,16 @@ from functional_gan.data import DataError, ImageDataset, load_dataset
 from functional_gan.errors import UserError
 from functional_gan.metrics import METRIC_NAMES, StepMetrics, stats_line
 from functional_gan.models import count_params
-from functional_gan.train import GANState, fixed_noise, init_state, make_sampler, make_train_step
+from functional_gan.train import (
+    GANState,
+    batch_sharding,
+    data_parallel_mesh,
+    fixed_noise,
+    init_state,
+    make_sampler,
+    make_train_step,
+    replicated,
+)
 
 
 class NonFiniteLossError(UserError):
@@ -105,9 +114,12 @@ def train(
     num_epochs = math.ceil(total_steps / per_epoch)
     grid_every = config.grid_interval(total_steps)
 
+    mesh = data_parallel_mesh(config)
     out.mkdir(parents=True, exist_ok=True)
     print_fn(f"Random Seed: {config.seed}")
     print_fn(describe_backend())
+    if mesh is not None:
+        print_fn(f"Data parallel over {mesh.devices.size} devices: batch split along its first axis, state replicated")
     manager = checkpoints.checkpoint_manager(out / "checkpoints")
     latest = manager.latest_step()
     if latest is not None:
@@ -138,12 +150,18 @@ def train(
     if first_step == 0:
         plots.save_grid(dataset.batch(config.seed, 0, min(64, config.batch_size)), out / "training_images.png")
 
-    train_step = make_train_step(config)
+    def batch_at(step: int):
+        batch = dataset.batch(config.seed, step, config.batch_size)
+        return batch if mesh is None else jax.device_put(batch, batch_sharding(mesh))
+
+    if mesh is not None:
+        state = jax.device_put(state, replicated(mesh))
+    train_step = make_train_step(config, mesh)
     compile_seconds = None
     if first_step < total_steps:
         print_fn("Starting Training Loop...")
         start = time.perf_counter()
-        train_step = train_step.lower(state, dataset.batch(config.seed, first_step, config.batch_size)).compile()
+        train_step = train_step.lower(state, batch_at(first_step)).compile()
         compile_seconds = time.perf_counter() - start
         print_fn(f"Compiled the training step in {compile_seconds:.1f} s")
 
@@ -165,8 +183,7 @@ def train(
             total=total_steps, initial=min(first_step, total_steps), desc="training", unit="it", disable=not progress
         ) as bar:
             for step in range(first_step, total_steps):
-                batch = dataset.batch(config.seed, step, config.batch_size)
-                state, metrics = train_step(state, batch)
+                state, metrics = train_step(state, batch_at(step))
                 if pending is not None:
                     record(*pending, log_file)
                 pending = (step + 1, metrics)

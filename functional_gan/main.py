@@ -51,6 +51,8 @@ def _add_train_parser(subparsers) -> None:
     _optimizer_flags(p)
     p.add_argument("--loss", default=TUTORIAL.loss, help="the GAN losses: 'bce' (the tutorial's BCELoss)")
     p.add_argument("--seed", type=int, default=TUTORIAL.seed, help="the run's one root seed (weights, noise, data order)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="data parallelism: shard each batch over this many local devices (default: all of them)")
     p.add_argument("--log-every", type=int, default=TUTORIAL.log_every, help="print the tutorial's stats line every N iterations")
     p.add_argument("--sample-every", type=int, default=None,
                    help="save a fixed-noise grid every N iterations (default: about 20 grids over the run)")
@@ -68,6 +70,7 @@ def _run_train(args) -> int:
         nc=args.nc if args.nc is not None else default_channels(args.data), nz=args.nz, ngf=args.ngf, ndf=args.ndf,
         lr=args.lr, beta1=args.beta1, beta2=args.beta2, loss=args.loss, epochs=args.epochs, steps=args.steps,
         seed=args.seed, log_every=args.log_every, sample_every=args.sample_every, checkpoint_every=args.checkpoint_every,
+        devices=args.devices,
     ).validate()
     result = train(config, args.out, progress=not args.no_progress)
     print(f"Done: iteration {result.last_step}. Results in {result.out_dir}/ "

@@ -11,6 +11,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -169,6 +170,26 @@ def gan_step(
         discriminator_opt_state=discriminator_opt_state,
     )
     return new_state, StepMetrics(loss_d, loss_g, d_x, d_g_z1, d_g_z2)
+
+
+DATA_AXIS = "data"
+
+
+def data_parallel_mesh(config: TrainConfig) -> Mesh | None:
+    """A one-axis Mesh over ``config.devices`` local devices (all by default), or None for one device.
+
+    The batch must split evenly: ``batch_size`` divisible by the device count.
+    """
+    from functional_gan.config import ConfigError
+
+    available = jax.local_devices()
+    count = config.devices or len(available)
+    if count > len(available):
+        raise ConfigError(f"--devices {count}: only {len(available)} local device(s) ({', '.join(str(d) for d in available)})")
+    if config.batch_size % count:
+        raise ConfigError(f"--batch-size {config.batch_size} does not split evenly over {count} devices; "
+                          f"choose a multiple of {count} or other --devices")
+    return None if count == 1 else Mesh(np.array(available[:count]), (DATA_AXIS,))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -1,0 +1,82 @@
+"""Data parallelism with jax.sharding: 4 forced CPU devices give the 1-device result.
+
+XLA_FLAGS must be set before jax starts, so the check runs in a fresh interpreter.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from functional_gan.config import ConfigError, TrainConfig
+from functional_gan.train import data_parallel_mesh
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SCRIPT = r"""
+import json, jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+from functional_gan.config import TrainConfig
+from functional_gan.train import batch_sharding, data_parallel_mesh, init_state, make_train_step, replicated
+assert len(jax.devices()) == 4, jax.devices()
+config = TrainConfig(batch_size=8, image_size=32, nz=8, ngf=4, ndf=4, devices=4)
+mesh = data_parallel_mesh(config)
+rng = np.random.default_rng(0)
+batches = [jnp.asarray(rng.uniform(-1, 1, (8, 32, 32, 3))) for _ in range(10)]
+one = init_state(config, jnp.float64)
+one = jax.tree_util.tree_map(lambda a: a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a, one)
+four = jax.device_put(one, replicated(mesh))
+step_one, step_four = make_train_step(config), make_train_step(config, mesh)
+worst_metric = 0.0
+for real in batches:
+    one, m1 = step_one(one, real)
+    sharded = jax.device_put(real, batch_sharding(mesh))
+    four, m4 = step_four(four, sharded)
+    worst_metric = max(worst_metric, float(np.max(np.abs(np.array(m1) - np.array(m4)))))
+worst_state = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+                  for a, b in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(four)))
+shard_shapes = sorted({tuple(s.data.shape) for s in sharded.addressable_shards})
+param = jax.tree_util.tree_leaves(four.generator_params)[0]
+from functional_gan.config import ConfigError
+try:
+    data_parallel_mesh(TrainConfig(batch_size=6, devices=4))
+    uneven = "accepted"
+except ConfigError as error:
+    uneven = str(error)
+print(json.dumps({"uneven": uneven, "metric": worst_metric, "state": worst_state, "shard_shapes": shard_shapes,
+                  "devices_holding_batch": len(sharded.addressable_shards),
+                  "param_replicated": param.sharding.is_fully_replicated, "dtype": str(param.dtype)}))
+"""
+
+
+def test_four_devices_equal_one_device_in_float64():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["dtype"] == "float64"
+    # The batch really is split: 4 devices hold 2 images each; the parameters are replicated.
+    assert result["devices_holding_batch"] == 4 and result["shard_shapes"] == [[2, 32, 32, 3]]
+    assert result["param_replicated"] is True
+    assert "does not split evenly over 4 devices" in result["uneven"]
+    # Same mathematics, BatchNorm over the global batch; only the summation order can differ.
+    assert result["metric"] <= 1e-12 and result["state"] <= 1e-12, result
+
+
+def test_a_batch_that_does_not_split_over_the_devices_is_refused():
+    # One CPU device here, so ask for the check directly through the count it would use.
+    with pytest.raises(ConfigError, match="only 1 local device"):
+        data_parallel_mesh(TrainConfig(batch_size=8, devices=4))
+    assert data_parallel_mesh(TrainConfig(batch_size=8)) is None  # one device: no mesh
+
+
+def test_cli_refuses_more_devices_than_there_are(tmp_path, capsys):
+    from functional_gan.main import main
+
+    code = main(["train", "--data", "fake", "--out", str(tmp_path / "run"), "--steps", "1", "--batch-size", "4",
+                 "--image-size", "32", "--ngf", "4", "--ndf", "4", "--devices", "3", "--no-progress"])
+    assert code == 2 and "only 1 local device" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
