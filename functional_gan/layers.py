@@ -56,8 +56,9 @@ def _torch_conv_weight_to_hwio(weight_OIHW: jax.Array) -> jax.Array:
 # down more than linearly with the batch (D's 64→128 layer at 32×32 took 3.4× as long at batch
 # 128 as at batch 64). Splitting the batch into chunks whose input and output fit this budget
 # keeps the cost near linear: one A/B run of the whole step at batch 128 gave 2236 ms unsplit and
-# 1626 ms split (batch 64: 852 and 793 ms). `functional-gan bench` measures the scaling. Convolutions are per sample, so a split forward is exact; weight gradients become
-# sums over chunks (a different summation order, float rounding only).
+# 1626 ms split (batch 64: 852 and 793 ms); `functional-gan bench` measures the scaling.
+# Convolutions are per sample, so a split forward is exact; weight gradients become sums over
+# chunks (a different summation order, float rounding only).
 CPU_CONV_CHUNK_BYTES = 4 * 2**20
 
 
@@ -87,28 +88,31 @@ def _conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+def _whole_batch_conv2d(x_NHWC, weight_OIHW, stride, padding):
+    return lax.conv_general_dilated(
+        x_NHWC,
+        _torch_conv_weight_to_hwio(weight_OIHW),
+        window_strides=(stride, stride),
+        padding=((padding, padding), (padding, padding)),
+        dimension_numbers=_NHWC_HWIO,
+    )
+
+
 def _lax_conv2d(x_NHWC, weight_OIHW, stride, padding):
-    kernel_HWIO = _torch_conv_weight_to_hwio(weight_OIHW)
-
-    def convolve(x):
-        return lax.conv_general_dilated(
-            x,
-            kernel_HWIO,
-            window_strides=(stride, stride),
-            padding=((padding, padding), (padding, padding)),
-            dimension_numbers=_NHWC_HWIO,
-        )
-
     out_h = _conv_output_size(x_NHWC.shape[1], weight_OIHW.shape[2], stride, padding)
     out_w = _conv_output_size(x_NHWC.shape[2], weight_OIHW.shape[3], stride, padding)
-    return _map_batch(convolve, x_NHWC, out_h * out_w * weight_OIHW.shape[0] * x_NHWC.dtype.itemsize)
+    return _map_batch(
+        lambda x: _whole_batch_conv2d(x, weight_OIHW, stride, padding),
+        x_NHWC,
+        out_h * out_w * weight_OIHW.shape[0] * x_NHWC.dtype.itemsize,
+    )
 
 
 def _conv2d_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding):
     """The kernel gradient of ``conv2d(x, ·)`` at output cotangent ``dy``: an ordinary weight-gradient convolution."""
 
-    def gradient(x, dy):
-        _, kernel_vjp = jax.vjp(lambda w: _lax_conv2d(x, w, stride, padding), weight_OIHW)
+    def gradient(x, dy):  # one chunk: the split is decided here, not again inside
+        _, kernel_vjp = jax.vjp(lambda w: _whole_batch_conv2d(x, w, stride, padding), weight_OIHW)
         return kernel_vjp(dy)[0]
 
     chunks = _batch_chunks(x_NHWC.shape[0], _per_sample_bytes(x_NHWC, dy_NHWC))
@@ -183,7 +187,7 @@ def _subpixel_conv_transpose(x_NHWC, weight_IOHW, stride, padding, out_hw):
     x_padded = lax.pad(
         x_NHWC, jnp.zeros((), x_NHWC.dtype), ((0, 0, 0), (pad_low, pad_high_h, 0), (pad_low, pad_high_w, 0), (0, 0, 0))
     )
-        # Not split along the batch (see CPU_CONV_CHUNK_BYTES): for this stride-1 convolution a split
+    # Not split along the batch (see CPU_CONV_CHUNK_BYTES): for this stride-1 convolution a split
     # measured slower (G's forward for 64 samples: 93 ms whole, 122 ms in 4 MiB chunks).
     z = lax.conv_general_dilated(x_padded, kernel_HWIO, (1, 1), "VALID", dimension_numbers=_NHWC_HWIO)
     z = z.reshape(n, z.shape[1], z.shape[2], stride, stride, c_out)

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from functional_gan.config import TrainConfig
+from functional_gan.config import ConfigError, TrainConfig
 from functional_gan.losses import LOSSES, GANLoss
 from functional_gan.metrics import StepMetrics
 from functional_gan.models import Discriminator, Generator
@@ -180,8 +180,6 @@ def data_parallel_mesh(config: TrainConfig) -> Mesh | None:
 
     The batch must split evenly: ``batch_size`` divisible by the device count.
     """
-    from functional_gan.config import ConfigError
-
     available = jax.local_devices()
     count = config.devices or len(available)
     if count > len(available):
