@@ -14,7 +14,7 @@ import numpy as np
 from functional_gan.config import TrainConfig
 from functional_gan.metrics import METRIC_NAMES
 
-from .common import CheckResult, compare_trajectory, make_batches, teacher_forced_step
+from .common import CheckResult, compare_trajectory, make_batches, teacher_forced_step, teacher_forcing_verdict
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures"
 TRAJECTORY_FIXTURE = FIXTURE_DIR / "dcgan_float64_100_steps.npz"
@@ -92,13 +92,10 @@ def check_teacher_forcing_fixture(path: Path = TEACHER_FORCING_FIXTURE) -> Check
             config, step, _snapshot(run["snapshots"][str(t)]), _snapshot(run["snapshots"][str(t + 1)]),
             real[t], noise[t], [run["metrics"][k][t] for k in METRIC_NAMES],
         ))
-    metric_rel, param_abs, stats_rel = (max(column) for column in zip(*rows))
-    bound = 2 * spec.lr
+    passed, tolerance, detail = teacher_forcing_verdict(rows, spec.lr)
     return CheckResult(
         f"float32 teacher forcing vs recorded PyTorch states at steps {SNAPSHOT_STEPS}",
-        f"metrics rel ≤ 1e-5; params |Δ| ≤ 2·lr = {bound:g}; running stats rel ≤ 1e-5", metric_rel,
-        metric_rel <= 1e-5 and param_abs <= bound and stats_rel <= 1e-5,
-        f"worst: metrics rel {metric_rel:.2e}, params {param_abs:.2e}, running stats rel {stats_rel:.2e}",
+        tolerance, max(r.metric_rel for r in rows), passed, detail,
     )
 
 
