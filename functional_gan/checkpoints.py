@@ -1,35 +1,191 @@
-"""Orbax checkpoints of a run: the whole :class:`~functional_gan.train.GANState` plus its config."""
+"""Orbax checkpoints of a run, each sealed with a manifest of SHA-256 checksums.
+
+A checkpoint is the whole :class:`~functional_gan.train.GANState` plus the run's config, written
+by orbax (atomically: into a temporary folder, renamed when complete). Once orbax has finished,
+``manifest.sha256.json`` is written into the step's folder (also atomically: a temporary file,
+then ``os.replace``) with the size and SHA-256 of every file, and read back. Only a checkpoint
+whose manifest verifies counts as good:
+
+* restoring verifies it first; a checkpoint that fails (a truncated, changed or missing file,
+  garbage metadata, no manifest because the write was interrupted) or that orbax cannot read is
+  reported with its step and the file, and the newest good one is used instead;
+* old checkpoints are deleted only after the new one is sealed and verified, and the newest
+  ``keep`` good ones always stay;
+* a failed write (disk full, ...) stops with :class:`CheckpointWriteError` and touches nothing
+  already saved.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
+import shutil
+import time
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from jax.sharding import SingleDeviceSharding
 
 from functional_gan.config import TrainConfig
+from functional_gan.distributed import barrier, is_primary, to_host
 from functional_gan.errors import UserError
 from functional_gan.train import GANState, init_state
 
+MANIFEST_NAME = "manifest.sha256.json"
+KEEP = 3  # good checkpoints kept; older ones are deleted once a newer one is sealed
+DAMAGED_FOLDER = "checkpoints-damaged"  # beside checkpoints/: where `train` moves damaged ones aside
+
 
 class CheckpointError(UserError):
-    """A checkpoint folder that is missing, empty or unreadable."""
+    """A checkpoint folder that is missing, empty, or holds no good checkpoint."""
 
 
-def checkpoint_manager(directory: str | os.PathLike, max_to_keep: int = 3) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (no space left, permissions, ...); nothing saved before is touched."""
+
+
+class DamagedCheckpoint(Exception):
+    """One checkpoint failed verification or could not be read; ``reason`` names the file."""
+
+    def __init__(self, step: int, reason: str):
+        super().__init__(f"checkpoint at iteration {step}: {reason}")
+        self.step, self.reason = step, reason
+
+
+@dataclasses.dataclass
+class Restored:
+    """The newest good checkpoint of a folder, and the newer ones that were skipped as damaged."""
+
+    config: TrainConfig
+    state: GANState
+    step: int
+    damaged: list[DamagedCheckpoint]
+
+
+def checkpoint_manager(directory: str | os.PathLike, read_only: bool = False) -> ocp.CheckpointManager:
+    """An orbax manager over ``directory``; it never deletes on its own (see :func:`save`)."""
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=None, create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only
+    )
     return ocp.CheckpointManager(Path(directory).absolute(), options=options)
 
 
-def save(manager: ocp.CheckpointManager, state: GANState, config: TrainConfig) -> int:
-    """Save ``state`` under its step number (asynchronously; call ``manager.wait_until_finished()``)."""
-    step = int(jax.device_get(state.step))
-    manager.save(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config.to_dict())),
-    )
+def step_folder(manager: ocp.CheckpointManager, step: int) -> Path:
+    return Path(manager.directory) / str(step)
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(MANIFEST_NAME))
+
+
+def write_manifest(folder: Path, step: int) -> Path:
+    """Seal a finished checkpoint: the size and SHA-256 of each of its files, written atomically."""
+    manifest = {
+        "step": step,
+        "files": {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(folder)},
+    }
+    path = folder / MANIFEST_NAME
+    temporary = folder / (MANIFEST_NAME + ".tmp")
+    with temporary.open("w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    return path
+
+
+def verify(folder: Path, step: int) -> None:
+    """Raise :class:`DamagedCheckpoint` naming the first file that does not match the manifest."""
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        raise DamagedCheckpoint(step, f"no {MANIFEST_NAME} (the write was interrupted before the checkpoint was sealed)")
+    try:
+        listed = json.loads(path.read_text())["files"]
+        items = [(name, int(entry["bytes"]), str(entry["sha256"])) for name, entry in listed.items()]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise DamagedCheckpoint(step, f"{MANIFEST_NAME} is unreadable ({type(error).__name__}: {error})") from error
+    if not items:
+        raise DamagedCheckpoint(step, f"{MANIFEST_NAME} lists no files")
+    for name, size, digest in items:
+        file = folder / name
+        if not file.is_file():
+            raise DamagedCheckpoint(step, f"file {name} is missing")
+        actual = file.stat().st_size
+        if actual != size:
+            raise DamagedCheckpoint(step, f"file {name} has {actual} bytes, the manifest says {size} (truncated or overwritten)")
+        if _sha256(file) != digest:
+            raise DamagedCheckpoint(step, f"file {name} does not match its SHA-256 (its contents changed)")
+
+
+def _is_disk_error(error: BaseException) -> OSError | None:
+    """The OSError behind ``error`` (orbax wraps what its writer threads raise), if any."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def save(manager: ocp.CheckpointManager, state: GANState, config: TrainConfig, keep: int = KEEP) -> int:
+    """Save ``state`` under its step, wait for it, seal and verify it, then drop checkpoints beyond ``keep``.
+
+    Every process of a multi-process run calls this (orbax writes each process's shards); the
+    first process writes the manifest and deletes old checkpoints.
+
+    Raises:
+      CheckpointWriteError: the write failed (e.g. no space left); earlier checkpoints are intact.
+    """
+    step = int(to_host(state.step))
+    folder = step_folder(manager, step)
+    try:
+        manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config.to_dict())),
+            force=True,
+        )
+        manager.wait_until_finished()
+        if is_primary():
+            write_manifest(folder, step)
+            verify(folder, step)  # read back what was just written
+    except DamagedCheckpoint as error:
+        raise CheckpointWriteError(f"the checkpoint written to {folder} does not read back: {error.reason}") from error
+    except Exception as error:
+        disk_error = _is_disk_error(error)
+        if disk_error is None:
+            raise
+        good = [s for s in manager.all_steps() if s != step and (step_folder(manager, s) / MANIFEST_NAME).is_file()]
+        kept = f"the checkpoint of iteration {max(good)} is kept" if good else "no earlier checkpoint exists"
+        raise CheckpointWriteError(
+            f"could not write the checkpoint of iteration {step} to {manager.directory}: {disk_error}; "
+            f"training stopped, {kept}, and metrics.jsonl is intact. Free space (or fix the folder) and run "
+            "the same command again to resume"
+        ) from error
+    barrier(f"functional_gan checkpoint {step} sealed")
+    if is_primary():
+        _delete_beyond(manager, keep)
     return step
+
+
+def _delete_beyond(manager: ocp.CheckpointManager, keep: int) -> None:
+    """Delete checkpoints older than the ``keep`` newest sealed ones (never one of those)."""
+    steps = sorted(manager.all_steps())
+    sealed = [s for s in steps if (step_folder(manager, s) / MANIFEST_NAME).is_file()]
+    if len(sealed) <= keep:
+        return
+    oldest_kept = sealed[-keep]
+    for step in steps:
+        if step < oldest_kept:
+            manager.delete(step)
 
 
 def saved_config(manager: ocp.CheckpointManager, step: int) -> TrainConfig:
@@ -37,35 +193,83 @@ def saved_config(manager: ocp.CheckpointManager, step: int) -> TrainConfig:
     return TrainConfig.from_dict(restored["config"])
 
 
-def restore(manager: ocp.CheckpointManager, config: TrainConfig, step: int | None = None) -> GANState:
-    """The state saved at ``step`` (the latest by default), restored into the structure ``config`` implies."""
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        raise CheckpointError(f"no checkpoint in {manager.directory}")
-    abstract_state = jax.eval_shape(lambda: init_state(config))
+def restore(manager: ocp.CheckpointManager, config: TrainConfig, step: int, sharding=None) -> GANState:
+    """The state saved at ``step``, restored into the structure ``config`` implies, onto ``sharding`` (default: one local device).
+
+    Raises :class:`DamagedCheckpoint` if orbax cannot read it. Does not verify the manifest:
+    :func:`restore_newest_good` does both.
+    """
+    # An explicit target sharding: the saved one may name devices this process does not have
+    # (a run saved on 4 devices, resumed or sampled on 1).
+    sharding = sharding or SingleDeviceSharding(jax.local_devices()[0])
+    abstract_state = jax.tree_util.tree_map(
+        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        jax.eval_shape(lambda: init_state(config)),
+    )
     try:
         restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
     except Exception as error:  # orbax raises many types (ValueError, FileNotFoundError, tensorstore errors)
-        raise CheckpointError(
-            f"checkpoint at step {step} in {manager.directory} cannot be read (corrupt or from another model): "
-            f"{type(error).__name__}: {str(error)[:300]}"
+        raise DamagedCheckpoint(
+            step, f"orbax cannot read it (corrupt, or from another model): {type(error).__name__}: {str(error)[:300]}"
         ) from error
     return restored["state"]
 
 
-def load_latest(directory: str | os.PathLike) -> tuple[TrainConfig, GANState, int]:
-    """(config, state, step) of the newest checkpoint in a checkpoint folder or a run folder."""
+def restore_newest_good(manager: ocp.CheckpointManager, sharding=None) -> Restored | None:
+    """The newest checkpoint that verifies and restores, with the newer damaged ones; None if the folder is empty.
+
+    Raises:
+      CheckpointError: there are checkpoints, and none is good (each one's problem is listed).
+    """
+    damaged = []
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            verify(step_folder(manager, step), step)
+            try:
+                config = saved_config(manager, step)
+            except Exception as error:
+                raise DamagedCheckpoint(step, f"its config cannot be read: {type(error).__name__}: {error}") from error
+            return Restored(config, restore(manager, config, step, sharding), step, damaged)
+        except DamagedCheckpoint as error:
+            damaged.append(error)
+    if damaged:
+        raise CheckpointError(
+            f"no good checkpoint in {manager.directory}:\n  " + "\n  ".join(str(d) for d in damaged)
+        )
+    return None
+
+
+def move_aside(manager: ocp.CheckpointManager, damaged: list[DamagedCheckpoint]) -> list[Path]:
+    """Move damaged checkpoints out of the way (into ``checkpoints-damaged/`` beside the folder), never delete them.
+
+    A resumed run will write those steps again; the damaged files stay for inspection.
+    """
+    root = Path(manager.directory)
+    moved = []
+    for item in damaged:
+        source = step_folder(manager, item.step)
+        if not source.exists():
+            continue
+        target = root.parent / DAMAGED_FOLDER / f"{item.step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        suffix = 0
+        while target.exists():
+            suffix += 1
+            target = target.with_name(f"{target.name}-{suffix}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(source), str(target))
+        moved.append(target)
+    manager.reload()
+    return moved
+
+
+def load_newest_good(directory: str | os.PathLike) -> Restored:
+    """The newest good checkpoint of a checkpoint folder or a run folder (read only: nothing is moved)."""
     directory = Path(directory)
     if not directory.exists():
         raise CheckpointError(f"checkpoint folder {str(directory)!r} does not exist")
     if (directory / "checkpoints").is_dir():
         directory = directory / "checkpoints"
-    manager = checkpoint_manager(directory)
-    step = manager.latest_step()
-    if step is None:
+    restored = restore_newest_good(checkpoint_manager(directory, read_only=True))
+    if restored is None:
         raise CheckpointError(f"no checkpoint found in {str(directory)!r}")
-    try:
-        config = saved_config(manager, step)
-    except Exception as error:
-        raise CheckpointError(f"checkpoint at step {step} in {str(directory)!r} has no readable config: {error}") from error
-    return config, restore(manager, config, step), step
+    return restored

@@ -41,12 +41,12 @@ class ImageDataset:
         """The shuffled order of one epoch: a function of (seed, epoch) only, so resuming is exact."""
         return np.random.default_rng([seed, epoch]).permutation(len(self))
 
-    def batch(self, seed: int, step: int, batch_size: int) -> np.ndarray:
-        """The float32 batch in [−1, 1] that global iteration ``step`` trains on."""
+    def batch(self, seed: int, step: int, batch_size: int, rows: slice = slice(None)) -> np.ndarray:
+        """The float32 batch in [−1, 1] that global iteration ``step`` trains on (only ``rows`` of it if given)."""
         per_epoch = self.steps_per_epoch(batch_size)
         epoch, index = divmod(step, per_epoch)
         order = self.epoch_order(seed, epoch)
-        chosen = order[index * batch_size : (index + 1) * batch_size]
+        chosen = order[index * batch_size : (index + 1) * batch_size][rows]
         return to_unit_range(self.images_NHWC[chosen])
 
 

@@ -5,20 +5,25 @@ All I/O lives here; :mod:`functional_gan.train` stays pure.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Callable
 
 import jax
 import numpy as np
+from jax.sharding import SingleDeviceSharding
 from tqdm.auto import tqdm
 
 from functional_gan import checkpoints, plots
 from functional_gan.config import ConfigError, TrainConfig
 from functional_gan.data import DataError, ImageDataset, load_dataset
+from functional_gan.distributed import barrier, is_primary, process_rows, to_host
 from functional_gan.errors import UserError
 from functional_gan.metrics import METRIC_NAMES, StepMetrics, stats_line
 from functional_gan.models import count_params
@@ -69,12 +74,39 @@ def _read_metrics(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _truncate_metrics(path: Path, last_step: int) -> None:
-    """On resume, drop logged iterations beyond the checkpoint (they will be recomputed identically)."""
-    records = [r for r in _read_metrics(path) if r["step"] <= last_step]
-    with path.open("w") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
+class RunLockedError(UserError):
+    """Another ``train`` process is writing to the same run folder."""
+
+
+LOCK_NAME = ".train.lock"
+
+
+@contextlib.contextmanager
+def run_lock(out: Path):
+    """Hold an exclusive lock on the run folder for as long as training writes to it.
+
+    ``fcntl.flock`` on ``out/.train.lock``: the kernel releases it when the process ends, however
+    it ends (a SIGKILL leaves no stale lock behind).
+    """
+    path = out / LOCK_NAME
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise RunLockedError(
+                f"another `functional-gan train` (pid {holder}) is writing to {out}; wait for it to finish "
+                "or use another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def train(
@@ -89,16 +121,23 @@ def train(
     The folder receives ``config.json``, ``metrics.jsonl`` (one line per iteration),
     ``training_images.png``, ``samples/iter_NNNNNN.png`` (fixed-noise grids), ``progress.gif``,
     ``loss.png``, ``real_vs_fake.png`` and orbax checkpoints in ``checkpoints/``. A later call on the
-    same folder resumes from the newest checkpoint and reproduces the uninterrupted run exactly.
+    same folder resumes from the newest good checkpoint and reproduces the uninterrupted run exactly;
+    newer damaged checkpoints are moved to ``checkpoints-damaged/``. One ``train`` at a time may
+    write to a folder. In a multi-process run every process calls this; the first one writes the files.
 
     Raises:
       ConfigError, DataError: before any work is done.
+      RunLockedError: another process is training in ``out_dir``.
+      CheckpointError: checkpoints exist and none is good; CheckpointWriteError: a write failed.
       NonFiniteLossError: a loss became NaN/inf; the last good checkpoint is kept.
     """
     config.validate()
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a folder")
+    primary = is_primary()
+    if not primary:
+        progress, print_fn = False, _quiet
     if dataset is None:
         dataset = load_dataset(config.data, config.image_size, config.nc, progress=progress)
     if dataset.skipped_files:
@@ -106,34 +145,75 @@ def train(
     if dataset.images_NHWC.shape[1:] != (config.image_size, config.image_size, config.nc):
         raise DataError(f"dataset images have shape {dataset.images_NHWC.shape[1:]}, the model expects "
                         f"{(config.image_size, config.image_size, config.nc)}")
-    per_epoch = dataset.steps_per_epoch(config.batch_size)
-    if per_epoch == 0:
+    if dataset.steps_per_epoch(config.batch_size) == 0:
         raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {config.batch_size}; "
                         "lower --batch-size or add images")
+    mesh = data_parallel_mesh(config)
+    out.mkdir(parents=True, exist_ok=True)
+    with run_lock(out) if primary else contextlib.nullcontext():
+        return _train(config, out, dataset, mesh, progress, print_fn)
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+def _resume(config: TrainConfig, out: Path, manager, sharding, print_fn) -> checkpoints.Restored | None:
+    """The newest good checkpoint (damaged newer ones reported and moved aside), checked against ``config``."""
+    restored = checkpoints.restore_newest_good(manager, sharding)
+    if restored is None:
+        return None
+    problems = config.incompatibilities(restored.config)
+    if problems:
+        raise ConfigError(
+            f"{out} holds a run with other settings; use another --out or the same settings:\n  " + "\n  ".join(problems)
+        )
+    if restored.damaged:
+        for damaged in restored.damaged:
+            print_fn(f"Warning: {damaged}; skipped")
+        barrier("functional_gan damaged checkpoints found")
+        if is_primary():
+            moved = checkpoints.move_aside(manager, restored.damaged)
+            print_fn(f"Moved the damaged checkpoint(s) to {', '.join(str(p) for p in moved)} (nothing deleted)")
+        barrier("functional_gan damaged checkpoints moved")
+        manager.reload()
+    print_fn(f"Resuming from the checkpoint at iteration {restored.step} in {out / 'checkpoints'}")
+    return restored
+
+
+def _forget_after(out: Path, step: int) -> None:
+    """On resume, drop logged iterations and grids beyond the checkpoint: they are recomputed identically."""
+    metrics_path = out / "metrics.jsonl"
+    records = [r for r in _read_metrics(metrics_path) if r["step"] <= step]
+    temporary = metrics_path.with_suffix(".jsonl.tmp")
+    with temporary.open("w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    os.replace(temporary, metrics_path)
+    for grid in (out / "samples").glob("iter_*.png"):
+        if int(grid.stem.removeprefix("iter_")) > step:
+            grid.unlink()
+
+
+def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress: bool, print_fn) -> RunResult:
+    primary = is_primary()
+    per_epoch = dataset.steps_per_epoch(config.batch_size)
     total_steps = config.steps if config.steps is not None else config.epochs * per_epoch
     num_epochs = math.ceil(total_steps / per_epoch)
     grid_every = config.grid_interval(total_steps)
 
-    mesh = data_parallel_mesh(config)
-    out.mkdir(parents=True, exist_ok=True)
     print_fn(f"Random Seed: {config.seed}")
     print_fn(describe_backend())
     if mesh is not None:
-        print_fn(f"Data parallel over {mesh.devices.size} devices: batch split along its first axis, state replicated")
+        processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
+        print_fn(f"Data parallel over {mesh.devices.size} devices{processes}: batch split along its first axis, state replicated")
+    state_sharding = replicated(mesh) if mesh is not None else SingleDeviceSharding(jax.local_devices()[0])
     manager = checkpoints.checkpoint_manager(out / "checkpoints")
-    latest = manager.latest_step()
-    if latest is not None:
-        saved = checkpoints.saved_config(manager, latest)
-        problems = config.incompatibilities(saved)
-        if problems:
-            raise ConfigError(
-                f"{out} holds a run with other settings; use another --out or the same settings:\n  " + "\n  ".join(problems)
-            )
-        state = checkpoints.restore(manager, config, latest)
-        print_fn(f"Resuming from the checkpoint at iteration {latest} in {out / 'checkpoints'}")
-    else:
-        state = init_state(config)
-    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    restored = _resume(config, out, manager, state_sharding, print_fn)
+    state = restored.state if restored is not None else jax.device_put(init_state(config), state_sharding)
+    last_checkpoint = restored.step if restored is not None else None
+    if primary:
+        (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     print_fn(
         f"Generator: {count_params(state.generator_params):,} parameters; "
         f"Discriminator: {count_params(state.discriminator_params):,} parameters"
@@ -142,20 +222,27 @@ def train(
              f"{total_steps} iterations, a fixed-noise grid every {grid_every}")
 
     metrics_path = out / "metrics.jsonl"
-    first_step = int(jax.device_get(state.step))
-    _truncate_metrics(metrics_path, first_step)
+    first_step = int(to_host(state.step))
+    if primary:
+        _forget_after(out, first_step)
     sampler = make_sampler(config)
-    noise = fixed_noise(config)
+    noise = jax.device_put(fixed_noise(config), state_sharding)
     samples_dir = out / "samples"
-    if first_step == 0:
+    if first_step == 0 and primary:
         plots.save_grid(dataset.batch(config.seed, 0, min(64, config.batch_size)), out / "training_images.png")
 
-    def batch_at(step: int):
-        batch = dataset.batch(config.seed, step, config.batch_size)
-        return batch if mesh is None else jax.device_put(batch, batch_sharding(mesh))
+    global_shape = (config.batch_size, config.image_size, config.image_size, config.nc)
+    if mesh is None:
+        def batch_at(step: int):
+            return dataset.batch(config.seed, step, config.batch_size)
+    else:
+        sharding = batch_sharding(mesh)
+        rows = process_rows(sharding, global_shape)  # this process feeds only its slice of the global batch
 
-    if mesh is not None:
-        state = jax.device_put(state, replicated(mesh))
+        def batch_at(step: int):
+            local = dataset.batch(config.seed, step, config.batch_size, rows)
+            return jax.make_array_from_process_local_data(sharding, local, global_shape)
+
     train_step = make_train_step(config, mesh)
     compile_seconds = None
     if first_step < total_steps:
@@ -165,21 +252,21 @@ def train(
         compile_seconds = time.perf_counter() - start
         print_fn(f"Compiled the training step in {compile_seconds:.1f} s")
 
-    last_checkpoint = latest
-
     def record(step_done: int, metrics: StepMetrics, log_file) -> dict:
-        values = {name: float(v) for name, v in zip(METRIC_NAMES, jax.device_get(metrics))}
+        values = {name: float(to_host(v)) for name, v in zip(METRIC_NAMES, metrics)}
         if not all(math.isfinite(v) for v in values.values()):
             raise NonFiniteLossError(step_done, values, last_checkpoint, out / "checkpoints")
         epoch, index = divmod(step_done - 1, per_epoch)
-        log_file.write(json.dumps({"step": step_done, "epoch": epoch, **values}) + "\n")
-        if step_done % config.log_every == 0 or step_done == total_steps:
+        if log_file is not None:
+            log_file.write(json.dumps({"step": step_done, "epoch": epoch, **values}) + "\n")
+        if primary and (step_done % config.log_every == 0 or step_done == total_steps):
             tqdm.write(stats_line(epoch, num_epochs, index, per_epoch, values))
         return values
 
     pending = None  # (step_done, metrics) not yet fetched: read after the next step is launched
+    # metrics.jsonl is line-buffered: each iteration is on disk as soon as it is fetched.
     try:
-        with metrics_path.open("a") as log_file, tqdm(
+        with (metrics_path.open("a", buffering=1) if primary else contextlib.nullcontext()) as log_file, tqdm(
             total=total_steps, initial=min(first_step, total_steps), desc="training", unit="it", disable=not progress
         ) as bar:
             for step in range(first_step, total_steps):
@@ -196,44 +283,51 @@ def train(
                     pending = None
                     bar.set_postfix(loss_d=f"{values['loss_d']:.3f}", loss_g=f"{values['loss_g']:.3f}")
                     if at_sample:
-                        plots.save_grid(np.asarray(sampler(state, noise)), samples_dir / f"iter_{step_done:06d}.png")
+                        grid = to_host(sampler(state, noise))
+                        if primary:
+                            plots.save_grid(grid, samples_dir / f"iter_{step_done:06d}.png")
                     if at_checkpoint:
-                        log_file.flush()
+                        if log_file is not None:
+                            log_file.flush()
                         last_checkpoint = checkpoints.save(manager, state, config)
             if pending is not None:
                 record(*pending, log_file)
     finally:
         manager.wait_until_finished()
 
-    _write_figures(config, out, dataset, state, sampler, noise)
-    return RunResult(state, first_step, int(jax.device_get(state.step)), out, compile_seconds)
+    final_samples = to_host(sampler(state, noise))
+    if primary:
+        _write_figures(config, out, dataset, final_samples)
+    return RunResult(state, first_step, int(to_host(state.step)), out, compile_seconds)
 
 
 def sample_from_checkpoint(
     checkpoint: str | Path, out: str | Path, num: int = 64, seed: int | None = None, eval_bn: bool = False
-) -> tuple[int, Path]:
-    """Write a grid of ``num`` samples of the newest checkpoint in ``checkpoint`` to the PNG ``out``.
+) -> checkpoints.Restored:
+    """Write a grid of ``num`` samples of the newest good checkpoint in ``checkpoint`` to the PNG ``out``.
 
     Without ``seed`` the noise is the run's fixed noise (its first 64 rows are the training grids'
     noise); with one, ``normal(key(seed))``. ``eval_bn`` uses BatchNorm's running statistics
-    (PyTorch's ``.eval()``) instead of the tutorial's train mode. Returns (the checkpoint's step, ``out``).
+    (PyTorch's ``.eval()``) instead of the tutorial's train mode. Returns the checkpoint used, with
+    the newer damaged checkpoints that were skipped (nothing is moved or deleted).
     """
     if num <= 0:
         raise ConfigError(f"--num must be positive, got {num}")
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise ConfigError(f"--out must name a .png file, got {str(out)!r}")
-    config, state, step = checkpoints.load_latest(checkpoint)
+    restored = checkpoints.load_newest_good(checkpoint)
+    config = restored.config
     noise = fixed_noise(config, num) if seed is None else jax.random.normal(jax.random.key(seed), (num, config.nz))
-    plots.save_grid(np.asarray(make_sampler(config, use_running_average=eval_bn)(state, noise)), out)
-    return step, out
+    plots.save_grid(np.asarray(make_sampler(config, use_running_average=eval_bn)(restored.state, noise)), out)
+    return restored
 
 
-def _write_figures(config, out: Path, dataset: ImageDataset, state, sampler, noise) -> None:
+def _write_figures(config, out: Path, dataset: ImageDataset, samples_NHWC: np.ndarray) -> None:
     records = _read_metrics(out / "metrics.jsonl")
     if records:
         plots.save_loss_plot([r["loss_g"] for r in records], [r["loss_d"] for r in records], out / "loss.png")
     grids = sorted((out / "samples").glob("iter_*.png"))
     plots.save_progress_gif(grids, out / "progress.gif")
     real = dataset.batch(config.seed, 0, min(64, config.batch_size))
-    plots.save_real_vs_fake(real, np.asarray(sampler(state, noise)), out / "real_vs_fake.png")
+    plots.save_real_vs_fake(real, samples_NHWC, out / "real_vs_fake.png")

@@ -52,7 +52,14 @@ def _add_train_parser(subparsers) -> None:
     p.add_argument("--loss", default=TUTORIAL.loss, help="the GAN losses: 'bce' (the tutorial's BCELoss)")
     p.add_argument("--seed", type=int, default=TUTORIAL.seed, help="the run's one root seed (weights, noise, data order)")
     p.add_argument("--devices", type=int, default=None,
-                   help="data parallelism: shard each batch over this many local devices (default: all of them)")
+                   help="data parallelism: shard each batch over this many local devices (default: all of them; "
+                   "in a multi-process run, all devices of all processes)")
+    p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="multi-process run: the address of process 0 (default: $JAX_COORDINATOR_ADDRESS)")
+    p.add_argument("--num-processes", type=int, default=None,
+                   help="multi-process run: how many processes (default: $JAX_NUM_PROCESSES)")
+    p.add_argument("--process-id", type=int, default=None,
+                   help="multi-process run: this process's index, 0 .. num-processes − 1 (default: $JAX_PROCESS_ID)")
     p.add_argument("--log-every", type=int, default=TUTORIAL.log_every, help="print the tutorial's stats line every N iterations")
     p.add_argument("--sample-every", type=int, default=None,
                    help="save a fixed-noise grid every N iterations (default: about 20 grids over the run)")
@@ -62,9 +69,16 @@ def _add_train_parser(subparsers) -> None:
 
 
 def _run_train(args) -> int:
+    from functional_gan import distributed
     from functional_gan.data import default_channels
     from functional_gan.loop import train
 
+    environment = distributed.settings_from_environment()
+    distributed.initialize(  # before anything touches a device
+        args.coordinator or environment[0],
+        args.num_processes if args.num_processes is not None else environment[1],
+        args.process_id if args.process_id is not None else environment[2],
+    )
     config = TrainConfig(
         data=args.data, batch_size=args.batch_size, image_size=args.image_size,
         nc=args.nc if args.nc is not None else default_channels(args.data), nz=args.nz, ngf=args.ngf, ndf=args.ndf,
@@ -73,6 +87,8 @@ def _run_train(args) -> int:
         devices=args.devices,
     ).validate()
     result = train(config, args.out, progress=not args.no_progress)
+    if not distributed.is_primary():
+        return 0
     print(f"Done: iteration {result.last_step}. Results in {result.out_dir}/ "
           "(loss.png, progress.gif, real_vs_fake.png, samples/, metrics.jsonl, checkpoints/)")
     return 0
@@ -93,8 +109,10 @@ def _add_sample_parser(subparsers) -> None:
 def _run_sample(args) -> int:
     from functional_gan.loop import sample_from_checkpoint
 
-    step, out = sample_from_checkpoint(args.checkpoint, args.out, args.num, args.seed, args.eval_bn)
-    print(f"Wrote {args.num} samples from the checkpoint at iteration {step} to {out}")
+    restored = sample_from_checkpoint(args.checkpoint, args.out, args.num, args.seed, args.eval_bn)
+    for damaged in restored.damaged:
+        print(f"Warning: {damaged}; skipped", file=sys.stderr)
+    print(f"Wrote {args.num} samples from the checkpoint at iteration {restored.step} to {args.out}")
     return 0
 
 

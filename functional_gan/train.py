@@ -176,14 +176,24 @@ DATA_AXIS = "data"
 
 
 def data_parallel_mesh(config: TrainConfig) -> Mesh | None:
-    """A one-axis Mesh over ``config.devices`` local devices (all by default), or None for one device.
+    """A one-axis Mesh over ``config.devices`` devices (all by default), or None for one device.
 
-    The batch must split evenly: ``batch_size`` divisible by the device count.
+    In one process the devices are its local ones; in a multi-process run (``jax.distributed``)
+    the mesh spans every device of every process. The batch must split evenly: ``batch_size``
+    divisible by the device count.
     """
-    available = jax.local_devices()
-    count = config.devices or len(available)
-    if count > len(available):
-        raise ConfigError(f"--devices {count}: only {len(available)} local device(s) ({', '.join(str(d) for d in available)})")
+    if jax.process_count() > 1:
+        available = jax.devices()
+        count = config.devices or len(available)
+        if count != len(available):
+            raise ConfigError(f"--devices {count}: a run of {jax.process_count()} processes spans all their "
+                              f"{len(available)} devices; leave --devices out or give {len(available)}")
+    else:
+        available = jax.local_devices()
+        count = config.devices or len(available)
+        if count > len(available):
+            raise ConfigError(f"--devices {count}: only {len(available)} local device(s) "
+                              f"({', '.join(str(d) for d in available)})")
     if config.batch_size % count:
         raise ConfigError(f"--batch-size {config.batch_size} does not split evenly over {count} devices; "
                           f"choose a multiple of {count} or other --devices")

@@ -109,4 +109,6 @@ def test_sample_from_missing_or_corrupt_checkpoint_is_a_clear_error(tmp_path, ca
         if f.is_file() and f.stat().st_size > 0:
             f.write_bytes(b"garbage")
     assert main(["sample", "--checkpoint", str(run), "--out", str(tmp_path / "g.png")]) == 2
-    assert "cannot be read" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "no good checkpoint" in error and "checkpoint at iteration 3: file state/" in error
+    assert not (tmp_path / "g.png").exists()
