@@ -62,6 +62,32 @@ def variables_to_state_dict(params, batch_stats) -> dict[str, np.ndarray]:
     return dict(sorted(state_dict.items(), key=lambda kv: (int(kv[0].split(".")[1]), order.get(kv[0].split(".")[2], 99))))
 
 
+def state_dict_shapes(params, batch_stats) -> dict[str, tuple[int, ...]]:
+    """The ``state_dict`` keys and shapes of Flax variables (arrays or ``jax.ShapeDtypeStruct``s)."""
+    return {
+        f"main.{module_name.removeprefix('main_')}.{name}": tuple(value.shape)
+        for collection in (params, batch_stats)
+        for module_name, leaves in collection.items()
+        for name, value in leaves.items()
+    }
+
+
+def check_state_dict(state_dict: dict[str, np.ndarray], expected: dict[str, tuple[int, ...]], what: str) -> None:
+    """Raise :class:`CheckpointFormatError` naming every missing, unexpected or mis-shaped key.
+
+    PyTorch: what ``load_state_dict(strict=True)`` reports (missing keys, unexpected keys, size mismatch).
+    """
+    problems = [f"missing key {key} (the model expects shape {shape})" for key, shape in expected.items() if key not in state_dict]
+    problems += [f"unexpected key {key} (shape {np.shape(value)})" for key, value in state_dict.items() if key not in expected]
+    problems += [
+        f"{key}: the file has shape {np.shape(value)}, the model expects {expected[key]}"
+        for key, value in state_dict.items()
+        if key in expected and tuple(np.shape(value)) != expected[key]
+    ]
+    if problems:
+        raise CheckpointFormatError(f"the {what} state_dict does not fit the model:\n  " + "\n  ".join(problems))
+
+
 def infer_generator_shape(state_dict: dict[str, np.ndarray]) -> dict:
     """nz, ngf, nc and image size of a tutorial Generator from its weight shapes."""
     conv_keys = sorted((k for k in state_dict if k.endswith(".weight") and np.ndim(state_dict[k]) == 4), key=lambda k: int(k.split(".")[1]))

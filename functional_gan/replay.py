@@ -20,7 +20,7 @@ from functional_gan import convert
 from functional_gan.config import TUTORIAL, TrainConfig
 from functional_gan.errors import UserError
 from functional_gan.metrics import METRIC_NAMES
-from functional_gan.train import GANState, make_gan_step, state_from_variables
+from functional_gan.train import GANState, init_state, make_gan_step, state_from_variables
 
 
 class ReplayInputError(UserError):
@@ -47,7 +47,19 @@ def config_from_state_dicts(generator_sd, discriminator_sd, batch_size: int, opt
 
 
 def state_from_state_dicts(config: TrainConfig, generator_sd, discriminator_sd, dtype) -> GANState:
-    """A GANState with fresh Adam states holding the given weights, cast to ``dtype``."""
+    """A GANState with fresh Adam states holding the given weights, cast to ``dtype``.
+
+    Raises :class:`~functional_gan.convert.CheckpointFormatError` naming each key whose shape does
+    not fit the models ``config`` describes (and each missing or unexpected key).
+    """
+    expected = jax.eval_shape(lambda: init_state(config))
+    convert.check_state_dict(
+        generator_sd, convert.state_dict_shapes(expected.generator_params, expected.generator_batch_stats), "generator"
+    )
+    convert.check_state_dict(
+        discriminator_sd, convert.state_dict_shapes(expected.discriminator_params, expected.discriminator_batch_stats),
+        "discriminator",
+    )
     g = convert.state_dict_to_variables(generator_sd)
     d = convert.state_dict_to_variables(discriminator_sd)
 

@@ -92,3 +92,41 @@ def test_bad_replay_inputs_are_clear_errors(tutorial_files, capsys):
                  "--batches", str(folder / "B.npz"), "--out", str(folder / "R.npz")]) == 2
     assert "cannot read" in capsys.readouterr().err
     assert not (folder / "R.npz").exists()
+
+
+def test_a_state_dict_that_does_not_fit_names_the_key_and_both_shapes(tutorial_files, capsys):
+    folder = tutorial_files[0]
+    args = ["replay", "--discriminator", str(folder / "D.pt"), "--batches", str(folder / "B.npz"), "--out", str(folder / "R.npz")]
+    state_dict = torch.load(folder / "G.pt", weights_only=True)
+    wrong = dict(state_dict, **{"main.1.weight": torch.zeros(5, dtype=torch.float64)})  # BatchNorm of 4·ngf = 32 channels
+    torch.save(wrong, folder / "G_wrong_shape.pt")
+    assert main(args + ["--generator", str(folder / "G_wrong_shape.pt")]) == 2
+    error = capsys.readouterr().err
+    assert "main.1.weight: the file has shape (5,), the model expects (32,)" in error, error
+    missing = {k: v for k, v in state_dict.items() if k != "main.4.running_var"}
+    torch.save(dict(missing, **{"main.99.weight": torch.zeros(2)}), folder / "G_keys.pt")
+    assert main(args + ["--generator", str(folder / "G_keys.pt")]) == 2
+    error = capsys.readouterr().err
+    assert "missing key main.4.running_var (the model expects shape (16,))" in error, error
+    assert "unexpected key main.99.weight (shape (2,))" in error, error
+    assert not (folder / "R.npz").exists()
+
+
+@pytest.mark.parametrize(
+    "real_shape,noise_shape,poison,message",
+    [
+        ((4, 3, 32, 32), (2, 4, SPEC.nz, 1, 1), None, "'real' must be (steps, batch, nc, H, W), got shape (4, 3, 32, 32)"),
+        ((2, 4, 3, 32, 32), (2, 4, SPEC.nz + 1, 1, 1), None, f"expected (2, 4, {SPEC.nz}, 1, 1)"),
+        ((2, 4, 3, 32, 32), (2, 4, SPEC.nz, 1, 1), "real", "contains NaN or infinite values"),
+    ],
+)
+def test_malformed_batch_files_are_clear_errors(tutorial_files, capsys, real_shape, noise_shape, poison, message):
+    folder = tutorial_files[0]
+    real, noise = np.zeros(real_shape), np.zeros(noise_shape)
+    if poison:
+        real[0, 0, 0, 0, 0] = np.nan
+    np.savez(folder / "malformed.npz", real=real, noise=noise)
+    assert main(["replay", "--generator", str(folder / "G.pt"), "--discriminator", str(folder / "D.pt"),
+                 "--batches", str(folder / "malformed.npz"), "--out", str(folder / "R.npz")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (folder / "R.npz").exists()

@@ -80,3 +80,75 @@ def test_cli_refuses_more_devices_than_there_are(tmp_path, capsys):
                  "--image-size", "32", "--ngf", "4", "--ndf", "4", "--devices", "3", "--no-progress"])
     assert code == 2 and "only 1 local device" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_equal_one_process_with_four_devices(tmp_path):
+    """`train` over 2 processes × 2 CPU devices (gloo collectives on 127.0.0.1) = 1 process × 4 devices."""
+    from functional_gan import checkpoints
+
+    args = ["-m", "functional_gan.main", "train", "--data", "fake", "--steps", "6", "--batch-size", "8",
+            "--image-size", "32", "--nz", "8", "--ngf", "4", "--ndf", "4", "--checkpoint-every", "3",
+            "--sample-every", "3", "--log-every", "3", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    port = _free_port()
+    two = [subprocess.Popen([sys.executable, *args, "--out", str(tmp_path / "two"), "--coordinator", f"127.0.0.1:{port}",
+                             "--num-processes", "2", "--process-id", str(i)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}) for i in range(2)]
+    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one"), "--devices", "4"], capture_output=True,
+                         text=True, timeout=600, env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    outputs = [p.communicate(timeout=600)[0] for p in two]
+    assert one.returncode == 0, one.stderr[-3000:]
+    for process, output in zip(two, outputs):
+        assert process.returncode == 0, output[-3000:]
+    assert "Data parallel over 4 devices in 2 processes" in outputs[0]
+    assert "Done" not in outputs[1] and "Loss_D" not in outputs[1]  # only process 0 reports
+
+    # One run: one set of sealed checkpoints, one log with each iteration once, one set of grids.
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == ["3", "6"]
+    for step in (3, 6):
+        checkpoints.verify(tmp_path / "two" / "checkpoints" / str(step), step)
+    logs = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("one", "two")}
+    assert [r["step"] for r in logs["two"]] == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in (tmp_path / "two" / "samples").iterdir()) == ["iter_000003.png", "iter_000006.png"]
+
+    # Same program, same data: only the order of the cross-device sums differs (gloo between processes), so
+    # float32 rounding: metrics within 1e-5 relative; parameters within 2·lr, the most a rounding-level
+    # difference can move one Adam update (a sign flip of m̂/√v̂ where a gradient is ~0).
+    import numpy as np
+
+    for a, b in zip(logs["one"], logs["two"]):
+        for key in ("loss_d", "loss_g", "d_x", "d_g_z1", "d_g_z2"):
+            assert abs(a[key] - b[key]) <= 1e-5 * abs(a[key]), (a, b)
+    one_state = checkpoints.load_newest_good(tmp_path / "one").state
+    two_state = checkpoints.load_newest_good(tmp_path / "two").state
+    import jax
+
+    worst = max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+                for x, y in zip(jax.tree_util.tree_leaves(one_state), jax.tree_util.tree_leaves(two_state)))
+    assert worst <= 2 * 2e-4, worst
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--coordinator", "127.0.0.1:1234"], "missing --num-processes, --process-id"),
+        (["--coordinator", "no-port", "--num-processes", "2", "--process-id", "0"], "must be HOST:PORT"),
+        (["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "2"], "must lie in [0, 2)"),
+    ],
+)
+def test_bad_multi_process_settings_are_refused_before_anything_starts(tmp_path, capsys, argv, message):
+    from functional_gan.main import main
+
+    assert main(["train", "--data", "fake", "--out", str(tmp_path / "run"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
