@@ -141,15 +141,21 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
 def save_state_dict_file(state_dict: dict[str, np.ndarray], path: str | os.PathLike) -> None:
     """Write arrays as a PyTorch state_dict (``.pt``/``.pth``) or as ``.safetensors``, by the suffix.
 
+    Written to a temporary file and renamed, so an existing file is replaced only by a complete one.
     PyTorch: ``torch.save(state_dict, path)``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".safetensors":
-        from safetensors.numpy import save_file
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.numpy import save_file
 
-        save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()}, str(path))
-        return
-    import torch
+            save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()}, str(temporary))
+        else:
+            import torch
 
-    torch.save({k: torch.from_numpy(np.array(v)) for k, v in state_dict.items()}, str(path))  # np.array: a writable copy
+            torch.save({k: torch.from_numpy(np.array(v)) for k, v in state_dict.items()}, str(temporary))  # np.array: a writable copy
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)

@@ -20,13 +20,14 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 from tqdm.auto import tqdm
 
-from functional_gan import checkpoints, plots
-from functional_gan.config import ConfigError, TrainConfig
+from functional_gan import checkpoints, convert, plots
+from functional_gan.config import TUTORIAL, ConfigError, TrainConfig
 from functional_gan.data import DataError, ImageDataset, load_dataset
 from functional_gan.distributed import barrier, is_primary, process_rows, to_host
 from functional_gan.errors import UserError
 from functional_gan.metrics import METRIC_NAMES, StepMetrics, stats_line
 from functional_gan.models import count_params
+from functional_gan.replay import state_from_state_dicts
 from functional_gan.train import (
     GANState,
     batch_sharding,
@@ -115,6 +116,8 @@ def train(
     dataset: ImageDataset | None = None,
     progress: bool = True,
     print_fn: Callable[[str], None] = print,
+    init_generator: str | Path | None = None,
+    init_discriminator: str | Path | None = None,
 ) -> RunResult:
     """Train (or resume) a DCGAN run in ``out_dir``.
 
@@ -124,6 +127,10 @@ def train(
     same folder resumes from the newest good checkpoint and reproduces the uninterrupted run exactly;
     newer damaged checkpoints are moved to ``checkpoints-damaged/``. One ``train`` at a time may
     write to a folder. In a multi-process run every process calls this; the first one writes the files.
+
+    ``init_generator`` / ``init_discriminator``: PyTorch ``state_dict`` files (``.pt``/``.pth`` read
+    weights-only, or ``.safetensors``) a new run starts from, e.g. the tutorial's ``netG.pth``, with
+    fresh Adam states (PyTorch's optimizer state is not read). Ignored when the run resumes.
 
     Raises:
       ConfigError, DataError: before any work is done.
@@ -149,9 +156,18 @@ def train(
         raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {config.batch_size}; "
                         "lower --batch-size or add images")
     mesh = data_parallel_mesh(config)
+    initial = None
+    if init_generator is not None or init_discriminator is not None:  # read and checked before anything is written
+        initial = state_from_state_dicts(
+            config,
+            None if init_generator is None else convert.load_state_dict_file(init_generator),
+            None if init_discriminator is None else convert.load_state_dict_file(init_discriminator),
+        )
+        sources = [f"{name} from {path}" for name, path in (("generator", init_generator), ("discriminator", init_discriminator)) if path]
+        initial_note = f"Initial weights: {', '.join(sources)} (PyTorch state_dicts); Adam states start fresh"
     out.mkdir(parents=True, exist_ok=True)
     with run_lock(out) if primary else contextlib.nullcontext():
-        return _train(config, out, dataset, mesh, progress, print_fn)
+        return _train(config, out, dataset, mesh, progress, print_fn, initial, initial_note if initial else "")
 
 
 def _quiet(_message: str) -> None:
@@ -195,7 +211,8 @@ def _forget_after(out: Path, step: int) -> None:
             grid.unlink()
 
 
-def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress: bool, print_fn) -> RunResult:
+def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress: bool, print_fn,
+           initial: GANState | None, initial_note: str) -> RunResult:
     primary = is_primary()
     per_epoch = dataset.steps_per_epoch(config.batch_size)
     total_steps = config.steps if config.steps is not None else config.epochs * per_epoch
@@ -210,7 +227,14 @@ def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress
     state_sharding = replicated(mesh) if mesh is not None else SingleDeviceSharding(jax.local_devices()[0])
     manager = checkpoints.checkpoint_manager(out / "checkpoints")
     restored = _resume(config, out, manager, state_sharding, print_fn)
-    state = restored.state if restored is not None else jax.device_put(init_state(config), state_sharding)
+    if restored is not None:
+        state = restored.state
+        if initial is not None:
+            print_fn("The run resumes from its checkpoint; --init-generator / --init-discriminator are not used")
+    else:
+        state = jax.device_put(initial if initial is not None else init_state(config), state_sharding)
+        if initial is not None:
+            print_fn(initial_note)
     last_checkpoint = restored.step if restored is not None else None
     if primary:
         (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
@@ -301,6 +325,20 @@ def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress
     return RunResult(state, first_step, int(to_host(state.step)), out, compile_seconds)
 
 
+def _check_sample_request(out: str | Path, num: int) -> Path:
+    if num <= 0:
+        raise ConfigError(f"--num must be positive, got {num}")
+    out = Path(out)
+    if out.suffix.lower() != ".png":
+        raise ConfigError(f"--out must name a .png file, got {str(out)!r}")
+    return out
+
+
+def _write_samples(config: TrainConfig, state: GANState, out: Path, num: int, seed: int | None, eval_bn: bool) -> None:
+    noise = fixed_noise(config, num) if seed is None else jax.random.normal(jax.random.key(seed), (num, config.nz))
+    plots.save_grid(np.asarray(make_sampler(config, use_running_average=eval_bn)(state, noise)), out)
+
+
 def sample_from_checkpoint(
     checkpoint: str | Path, out: str | Path, num: int = 64, seed: int | None = None, eval_bn: bool = False
 ) -> checkpoints.Restored:
@@ -311,15 +349,47 @@ def sample_from_checkpoint(
     (PyTorch's ``.eval()``) instead of the tutorial's train mode. Returns the checkpoint used, with
     the newer damaged checkpoints that were skipped (nothing is moved or deleted).
     """
-    if num <= 0:
-        raise ConfigError(f"--num must be positive, got {num}")
-    out = Path(out)
-    if out.suffix.lower() != ".png":
-        raise ConfigError(f"--out must name a .png file, got {str(out)!r}")
+    out = _check_sample_request(out, num)
     restored = checkpoints.load_newest_good(checkpoint)
-    config = restored.config
-    noise = fixed_noise(config, num) if seed is None else jax.random.normal(jax.random.key(seed), (num, config.nz))
-    plots.save_grid(np.asarray(make_sampler(config, use_running_average=eval_bn)(restored.state, noise)), out)
+    _write_samples(restored.config, restored.state, out, num, seed, eval_bn)
+    return restored
+
+
+def sample_from_state_dict(
+    generator: str | Path, out: str | Path, num: int = 64, seed: int | None = None, eval_bn: bool = False
+) -> TrainConfig:
+    """Write a grid of ``num`` samples of a PyTorch generator ``state_dict`` file (e.g. the tutorial's ``netG.pth``).
+
+    The widths (nz, ngf, nc, image size) are read off the weights' shapes; noise as in
+    :func:`sample_from_checkpoint` (the default seed's fixed noise, or ``normal(key(seed))``).
+    Returns the config the weights imply.
+    """
+    out = _check_sample_request(out, num)
+    state_dict = convert.load_state_dict_file(generator)
+    config = dataclasses.replace(TUTORIAL, **convert.infer_generator_shape(state_dict)).validate()
+    _write_samples(config, state_from_state_dicts(config, state_dict, None), out, num, seed, eval_bn)
+    return config
+
+
+def export_checkpoint(
+    checkpoint: str | Path, generator: str | Path | None = None, discriminator: str | Path | None = None
+) -> checkpoints.Restored:
+    """Write the newest good checkpoint's networks as PyTorch ``state_dict`` files (``.pt``/``.pth`` or ``.safetensors``).
+
+    They load with ``load_state_dict(strict=True)`` into the tutorial's ``Generator`` and
+    ``Discriminator`` (and pytorch/examples' dcgan, which has the same modules), running statistics
+    and ``num_batches_tracked`` included. PyTorch: ``torch.save(netG.state_dict(), path)``.
+    """
+    if generator is None and discriminator is None:
+        raise ConfigError("name at least one file to write: --generator and/or --discriminator")
+    restored = checkpoints.load_newest_good(checkpoint)
+    state = restored.state
+    if generator is not None:
+        convert.save_state_dict_file(convert.variables_to_state_dict(state.generator_params, state.generator_batch_stats), generator)
+    if discriminator is not None:
+        convert.save_state_dict_file(
+            convert.variables_to_state_dict(state.discriminator_params, state.discriminator_batch_stats), discriminator
+        )
     return restored
 
 

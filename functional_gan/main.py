@@ -64,6 +64,10 @@ def _add_train_parser(subparsers) -> None:
     p.add_argument("--sample-every", type=int, default=None,
                    help="save a fixed-noise grid every N iterations (default: about 20 grids over the run)")
     p.add_argument("--checkpoint-every", type=int, default=TUTORIAL.checkpoint_every, help="save a checkpoint every N iterations")
+    p.add_argument("--init-generator", default=None, metavar="FILE",
+                   help="start a new run from a PyTorch generator state_dict (.pth read weights-only, or .safetensors), "
+                   "e.g. the tutorial's; Adam starts fresh")
+    p.add_argument("--init-discriminator", default=None, metavar="FILE", help="the same for the discriminator")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_run_train)
 
@@ -86,7 +90,8 @@ def _run_train(args) -> int:
         seed=args.seed, log_every=args.log_every, sample_every=args.sample_every, checkpoint_every=args.checkpoint_every,
         devices=args.devices,
     ).validate()
-    result = train(config, args.out, progress=not args.no_progress)
+    result = train(config, args.out, progress=not args.no_progress, init_generator=args.init_generator,
+                   init_discriminator=args.init_discriminator)
     if not distributed.is_primary():
         return 0
     print(f"Done: iteration {result.last_step}. Results in {result.out_dir}/ "
@@ -95,8 +100,16 @@ def _run_train(args) -> int:
 
 
 def _add_sample_parser(subparsers) -> None:
-    p = subparsers.add_parser("sample", help="write a grid of generated images from a checkpoint", formatter_class=_FORMATTER)
-    p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/ folder (the newest step is used)")
+    p = subparsers.add_parser(
+        "sample", help="write a grid of generated images from a run's checkpoint or a PyTorch generator state_dict",
+        description="Samples the newest good checkpoint of a run (--checkpoint), or a PyTorch generator state_dict such "
+        "as the tutorial's netG.pth (--generator; its widths are read off the weights).",
+        formatter_class=_FORMATTER,
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="a run folder or its checkpoints/ folder (the newest good step is used)")
+    source.add_argument("--generator", metavar="FILE",
+                        help="a PyTorch generator state_dict (.pt/.pth read weights-only, or .safetensors)")
     p.add_argument("--out", required=True, help="PNG file to write")
     p.add_argument("--num", type=int, default=64, help="number of images")
     p.add_argument("--seed", type=int, default=None,
@@ -107,12 +120,42 @@ def _add_sample_parser(subparsers) -> None:
 
 
 def _run_sample(args) -> int:
-    from functional_gan.loop import sample_from_checkpoint
+    from functional_gan.loop import sample_from_checkpoint, sample_from_state_dict
 
+    if args.generator is not None:
+        config = sample_from_state_dict(args.generator, args.out, args.num, args.seed, args.eval_bn)
+        print(f"Wrote {args.num} samples of {args.generator} (nz {config.nz}, ngf {config.ngf}, nc {config.nc}, "
+              f"{config.image_size}×{config.image_size}) to {args.out}")
+        return 0
     restored = sample_from_checkpoint(args.checkpoint, args.out, args.num, args.seed, args.eval_bn)
     for damaged in restored.damaged:
         print(f"Warning: {damaged}; skipped", file=sys.stderr)
     print(f"Wrote {args.num} samples from the checkpoint at iteration {restored.step} to {args.out}")
+    return 0
+
+
+def _add_export_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export", help="write a run's networks as PyTorch state_dicts (for the tutorial's and pytorch/examples' models)",
+        description="Writes the newest good checkpoint's generator and/or discriminator as state_dicts (.pt/.pth or "
+        ".safetensors, by the suffix) that load_state_dict(strict=True) accepts in the tutorial's Generator and "
+        "Discriminator, running statistics and num_batches_tracked included.",
+        formatter_class=_FORMATTER,
+    )
+    p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/ folder")
+    p.add_argument("--generator", metavar="FILE", help="write netG's state_dict here")
+    p.add_argument("--discriminator", metavar="FILE", help="write netD's state_dict here")
+    p.set_defaults(handler=_run_export)
+
+
+def _run_export(args) -> int:
+    from functional_gan.loop import export_checkpoint
+
+    restored = export_checkpoint(args.checkpoint, args.generator, args.discriminator)
+    for damaged in restored.damaged:
+        print(f"Warning: {damaged}; skipped", file=sys.stderr)
+    written = ", ".join(p for p in (args.generator, args.discriminator) if p)
+    print(f"Wrote {written} from the checkpoint at iteration {restored.step}")
     return 0
 
 
@@ -304,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train_parser(subparsers)
     _add_sample_parser(subparsers)
+    _add_export_parser(subparsers)
     _add_linreg_parser(subparsers)
     _add_lessons_parser(subparsers)
     _add_graph_parser(subparsers)

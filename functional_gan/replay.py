@@ -46,27 +46,32 @@ def config_from_state_dicts(generator_sd, discriminator_sd, batch_size: int, opt
     ).validate()
 
 
-def state_from_state_dicts(config: TrainConfig, generator_sd, discriminator_sd, dtype) -> GANState:
-    """A GANState with fresh Adam states holding the given weights, cast to ``dtype``.
+def state_from_state_dicts(config: TrainConfig, generator_sd, discriminator_sd, dtype=jnp.float32) -> GANState:
+    """A GANState with fresh Adam states holding the given weights (``state_dict`` arrays), cast to ``dtype``.
 
-    Raises :class:`~functional_gan.convert.CheckpointFormatError` naming each key whose shape does
-    not fit the models ``config`` describes (and each missing or unexpected key).
+    Either state_dict may be None: that network is initialised as a fresh run's would be
+    (``init_state(config)``). Raises :class:`~functional_gan.convert.CheckpointFormatError` naming
+    each key whose shape does not fit the models ``config`` describes (and each missing or
+    unexpected key).
+
+    PyTorch: ``netG.load_state_dict(torch.load(path))``, then new ``optim.Adam`` objects.
     """
-    expected = jax.eval_shape(lambda: init_state(config))
-    convert.check_state_dict(
-        generator_sd, convert.state_dict_shapes(expected.generator_params, expected.generator_batch_stats), "generator"
-    )
-    convert.check_state_dict(
-        discriminator_sd, convert.state_dict_shapes(expected.discriminator_params, expected.discriminator_batch_stats),
-        "discriminator",
-    )
-    g = convert.state_dict_to_variables(generator_sd)
-    d = convert.state_dict_to_variables(discriminator_sd)
+    fresh = init_state(config)
+    variables = {}
+    for name, state_dict, params, batch_stats in (
+        ("generator", generator_sd, fresh.generator_params, fresh.generator_batch_stats),
+        ("discriminator", discriminator_sd, fresh.discriminator_params, fresh.discriminator_batch_stats),
+    ):
+        if state_dict is None:
+            variables[name] = {"params": params, "batch_stats": batch_stats}
+        else:
+            convert.check_state_dict(state_dict, convert.state_dict_shapes(params, batch_stats), name)
+            variables[name] = convert.state_dict_to_variables(state_dict)
 
     def cast(tree):
         return jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype if np.issubdtype(np.asarray(a).dtype, np.floating) else None), tree)
 
-    return state_from_variables(config, cast(g), cast(d))
+    return state_from_variables(config, cast(variables["generator"]), cast(variables["discriminator"]))
 
 
 def _check_batches(real_NCHW: np.ndarray, noise_NCHW: np.ndarray, config: TrainConfig) -> None:
