@@ -373,6 +373,11 @@ class ConvTranspose2d(_BiasFreeConvolution):
         return conv_transpose2d(x_NHWC, weight, self.stride, self.padding)
 
 
+def running_variance(biased_var, n: int):
+    """What enters ``running_var``: PyTorch tracks it with the *unbiased* batch variance (× n/(n−1))."""
+    return biased_var * (n / max(n - 1, 1))
+
+
 class BatchNorm2d(nn.Module):
     """``nn.BatchNorm2d(num_features)`` with PyTorch's exact training-mode behaviour.
 
@@ -413,8 +418,7 @@ class BatchNorm2d(nn.Module):
             var = jnp.mean(jnp.square(x_NHWC - mean), axis=(0, 1, 2))
             if self.is_mutable_collection("batch_stats") and not self.is_initializing():
                 n = x_NHWC.shape[0] * x_NHWC.shape[1] * x_NHWC.shape[2]
-                # PyTorch tracks running_var with the unbiased variance.
-                unbiased_var = var * (n / max(n - 1, 1))
+                unbiased_var = running_variance(var, n)
                 m = self.momentum
                 running_mean.value = (1 - m) * running_mean.value + m * lax.stop_gradient(mean)
                 running_var.value = (1 - m) * running_var.value + m * lax.stop_gradient(unbiased_var)

@@ -288,6 +288,41 @@ def _run_replay(args) -> int:
     return 0
 
 
+def _add_diverge_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "diverge", help="find the first layer and stage where JAX and PyTorch differ in a DCGAN run",
+        description="Runs the tutorial's iterations in PyTorch and in JAX, each iteration from PyTorch's state (Adam "
+        "included) on the same batch and noise, and compares every intermediate in debugging order: forward "
+        "(each layer of G, of D on real, of D on fake) → losses → D's gradients → D's update and running statistics → "
+        "the G step (D updated, errG, G's gradients, update, running statistics). Prints the first quantity whose "
+        "difference exceeds the tolerance, with both sides' values. Exit status 1 if one does. Needs the torch extra.",
+        formatter_class=_FORMATTER,
+    )
+    p.add_argument("--generator", required=True, help="netG state_dict file at the start of the run (.pt/.pth or .safetensors)")
+    p.add_argument("--discriminator", required=True, help="netD state_dict file at the start of the run")
+    p.add_argument("--batches", required=True, help=".npz with 'real' (steps, batch, nc, H, W) and 'noise' (steps, batch, nz, 1, 1)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float64", help="precision of both sides")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="largest accepted max|JAX − PyTorch| / max|PyTorch| per tensor (default: 1e-9 in float64, 1e-3 in float32)")
+    _optimizer_flags(p)
+    p.set_defaults(handler=_run_diverge)
+
+
+def _run_diverge(args) -> int:
+    try:
+        from functional_gan.comparisons import diverge
+    except ImportError as error:
+        raise UserError(f"the divergence finder needs PyTorch: pip install 'functional-gan[torch]' ({error})") from error
+    if args.tolerance is not None and not args.tolerance > 0:
+        raise UserError(f"--tolerance must be positive, got {args.tolerance}")
+    optimizer = TrainConfig(lr=args.lr, beta1=args.beta1, beta2=args.beta2).validate()
+    divergence, history = diverge.diverge_files(args.generator, args.discriminator, args.batches, args.dtype,
+                                                args.tolerance, optimizer)
+    tolerance = args.tolerance if args.tolerance is not None else diverge.DEFAULT_TOLERANCE[args.dtype]
+    print(diverge.format_divergence(divergence, history, args.dtype, tolerance))
+    return 0 if divergence is None else 1
+
+
 def _add_compare_parser(subparsers) -> None:
     from functional_gan.comparisons import GROUPS
 
@@ -352,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lessons_parser(subparsers)
     _add_graph_parser(subparsers)
     _add_replay_parser(subparsers)
+    _add_diverge_parser(subparsers)
     _add_compare_parser(subparsers)
     _add_bench_parser(subparsers)
     return parser

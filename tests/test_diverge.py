@@ -1,0 +1,97 @@
+"""The divergence finder names the layer and stage of a deliberately wrong port, and nothing for the right one."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+
+from functional_gan import layers, losses, train
+from functional_gan.comparisons import diverge
+from functional_gan.comparisons.common import SMALL_WIDTHS, make_batches
+from functional_gan.main import main
+from functional_gan.pytorch import dcgan as torch_reference
+
+SPEC = dataclasses.replace(SMALL_WIDTHS, steps=2, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def run_start():
+    """A float64 run's start: the tutorial's initial weights, and its batches."""
+    net_g, net_d = torch_reference.make_models(SPEC, dtype=torch.float64)
+    real, noise = make_batches(SPEC)
+    return torch_reference.state_dict_numpy(net_g), torch_reference.state_dict_numpy(net_d), real, noise
+
+
+def _find(run_start, **kwargs):
+    generator_sd, discriminator_sd, real, noise = run_start
+    return diverge.find_divergence(generator_sd, discriminator_sd, real, noise, "float64", optimizer=SPEC, **kwargs)
+
+
+def test_the_port_as_it_is_does_not_diverge(run_start):
+    divergence, history = _find(run_start)
+    assert divergence is None, diverge.format_divergence(divergence, history, "float64", 1e-9)
+    assert len(history) == SPEC.steps
+    stages = [e.stage for e in history[0]]
+    # Every stage was compared, in debugging order: forward before loss before gradient before update.
+    assert stages.index("forward") < stages.index("loss") < stages.index("gradient") < stages.index("update")
+    assert {e.stage for e in history[0]} == set(diverge.STAGES)
+    assert max(e.difference for entries in history for e in entries) < 1e-12
+
+
+def test_a_biased_running_variance_is_found_in_the_running_statistics(run_start, monkeypatch):
+    monkeypatch.setattr(layers, "running_variance", lambda biased_var, n: biased_var)  # forgot n/(n−1)
+    divergence, _ = _find(run_start)
+    assert divergence is not None and divergence.step == 1
+    assert divergence.entry.stage == "running statistics"
+    assert divergence.entry.name.startswith("main.3.running_var")  # D's first BatchNorm, after the D step
+    # Only the running mean of that layer was compared among the statistics before it, and it agreed.
+    assert [e.name for e in divergence.before if e.stage == "running statistics"] == ["main.3.running_mean (after the D step)"]
+
+
+def test_adam_with_eps_inside_the_square_root_is_found_at_the_first_update(run_start, monkeypatch):
+    def adam_eps_inside(config):  # m̂ / √(v̂ + eps) instead of PyTorch's m̂ / (√v̂ + eps)
+        return optax.chain(optax.scale_by_adam(b1=config.beta1, b2=config.beta2, eps=0.0, eps_root=1e-8),
+                           optax.scale(-config.lr))
+
+    monkeypatch.setattr(train, "make_optimizer", adam_eps_inside)
+    divergence, _ = _find(run_start)
+    assert divergence is not None and divergence.step == 1
+    assert (divergence.entry.stage, divergence.entry.network, divergence.entry.name) == ("update", "D", "main.0.weight")
+    assert {e.stage for e in divergence.before} == {"forward", "loss", "gradient"}
+
+
+def test_bce_without_pytorchs_clamp_is_found_at_the_loss(run_start, monkeypatch):
+    def bce_unclamped(p, y):
+        return -jnp.mean(y * jnp.log(p) + (1 - y) * jnp.log1p(-p))
+
+    monkeypatch.setattr(losses, "bce_loss", bce_unclamped)
+    generator_sd, discriminator_sd, real, noise = run_start
+    # A saturated D: its last convolution scaled up, so D(G(z)) is exactly 1.0 in float64 (log(1 − p) = −inf,
+    # which PyTorch clamps at −100).
+    last = max((k for k in discriminator_sd if k.endswith(".weight")), key=lambda k: int(k.split(".")[1]))
+    saturated = dict(discriminator_sd, **{last: discriminator_sd[last] * 1e4})
+    divergence, _ = diverge.find_divergence(generator_sd, saturated, real, noise, "float64", optimizer=SPEC)
+    assert divergence is not None and divergence.step == 1
+    assert divergence.entry.stage == "loss" and divergence.entry.name in ("errD_real", "errD_fake")
+    assert {e.stage for e in divergence.before} == {"forward"}
+    assert not np.isfinite(divergence.entry.jax_values) and np.isfinite(divergence.entry.torch_values)
+
+
+def test_the_command(tmp_path, run_start, capsys, monkeypatch):
+    generator_sd, discriminator_sd, real, noise = run_start
+    torch.save({k: torch.from_numpy(v) for k, v in generator_sd.items()}, tmp_path / "G.pt")
+    torch.save({k: torch.from_numpy(v) for k, v in discriminator_sd.items()}, tmp_path / "D.pt")
+    np.savez(tmp_path / "B.npz", real=real, noise=noise)
+    args = ["diverge", "--generator", str(tmp_path / "G.pt"), "--discriminator", str(tmp_path / "D.pt"),
+            "--batches", str(tmp_path / "B.npz"), "--lr", str(SPEC.lr)]
+    assert main(args) == 0
+    assert "No divergence in 2 iteration(s)" in capsys.readouterr().out
+    monkeypatch.setattr(layers, "running_variance", lambda biased_var, n: biased_var)
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "First divergence: iteration 1, stage 'running statistics', D main.3.running_var" in out
+    assert "PyTorch: [" in out and "JAX:     [" in out
