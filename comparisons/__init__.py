@@ -6,4 +6,4 @@ checks against the recorded runs in ``fixtures/``.
 """
 
 # The suite's parts, in the order they run; `functional-gan compare --only ...` picks some.
-GROUPS = ("layers", "gradient-stopping", "linreg", "trajectories", "teacher-forcing", "fixtures", "quality")
+GROUPS = ("layers", "gradient-stopping", "linreg", "trajectories", "teacher-forcing", "noise-floor", "fixtures", "quality")

@@ -44,13 +44,22 @@ def optimizer_state_numpy(optimizer: torch.optim.Adam, module: torch.nn.Module) 
     return by_param
 
 
-def run_tutorial(spec: TrainConfig, dtype: str = "float64", record_snapshots: bool = False, real=None, noise=None) -> TorchRun:
-    """Train the tutorial's loop for ``spec.steps`` iterations in PyTorch on the seeded batches."""
+def run_tutorial(spec: TrainConfig, dtype: str = "float64", record_snapshots: bool = False, real=None, noise=None,
+                 batches=None, channels_last: bool = False) -> TorchRun:
+    """Train the tutorial's loop for ``spec.steps`` iterations in PyTorch on the seeded batches (or ``batches``: (real, noise)).
+
+    ``channels_last``: the models and inputs in PyTorch's NHWC memory format, the same mathematics
+    through other convolution kernels (another summation order).
+    """
     tdtype = torch_dtype(dtype)
     with default_dtype(tdtype):
         net_g, net_d = dcgan.make_models(spec, dtype=tdtype)
+        memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        net_g, net_d = net_g.to(memory_format=memory_format), net_d.to(memory_format=memory_format)
         optimizer_g, optimizer_d = dcgan.make_optimizers(net_g, net_d, spec)
         criterion = torch.nn.BCELoss()
+        if batches is not None:
+            real, noise = batches
         if real is None or noise is None:
             real, noise = make_batches(spec)
         initial_g, initial_d = dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_d)
@@ -61,7 +70,8 @@ def run_tutorial(spec: TrainConfig, dtype: str = "float64", record_snapshots: bo
             rows.append(
                 dcgan.tutorial_iteration(
                     net_g, net_d, optimizer_g, optimizer_d, criterion,
-                    torch.as_tensor(real[t], dtype=tdtype), torch.as_tensor(noise[t], dtype=tdtype),
+                    torch.as_tensor(real[t], dtype=tdtype).contiguous(memory_format=memory_format),
+                    torch.as_tensor(noise[t], dtype=tdtype).contiguous(memory_format=memory_format),
                 )
             )
         if record_snapshots:

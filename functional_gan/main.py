@@ -337,8 +337,12 @@ def _add_compare_parser(subparsers) -> None:
     p.add_argument("--out", default="runs/compare", help="folder for report.md and its plots")
     p.add_argument("--only", nargs="+", choices=GROUPS, metavar="GROUP",
                    help=f"run only these groups of checks: {', '.join(GROUPS)}")
-    p.add_argument("--skip-quality", action="store_true", help="skip the long float32 runs (the slowest part, ~2 min on 2 cores)")
+    p.add_argument("--skip-quality", action="store_true", help="skip the long float32 runs (the slowest part)")
+    p.add_argument("--skip-noise-floor", action="store_true",
+                   help="skip the noise floor at the tutorial's widths (float64, ~5 min on 2 cores)")
     p.add_argument("--quality-steps", type=int, default=300, help="iterations of each long float32 run")
+    p.add_argument("--quality-seeds", type=int, default=8,
+                   help="paired seeds of the long runs (each trains once per framework; ~50 s per seed on 2 cores)")
     p.set_defaults(handler=_run_compare)
 
 
@@ -347,9 +351,13 @@ def _run_compare(args) -> int:
 
     from functional_gan.comparisons import GROUPS
 
-    groups = [g for g in (args.only or GROUPS) if not (args.skip_quality and g == "quality")]
+    skipped = {"quality"} if args.skip_quality else set()
+    skipped |= {"noise-floor"} if args.skip_noise_floor else set()
+    groups = [g for g in (args.only or GROUPS) if g not in skipped]
     if args.quality_steps <= 0:
         raise UserError(f"--quality-steps must be positive, got {args.quality_steps}")
+    if args.quality_seeds < 2:
+        raise UserError(f"--quality-seeds must be at least 2 (a paired comparison), got {args.quality_seeds}")
     needs_torch = set(groups) - {"fixtures"}
     try:
         from functional_gan.comparisons import quality, report
@@ -357,7 +365,8 @@ def _run_compare(args) -> int:
             import torch  # noqa: F401
     except ImportError as error:
         raise UserError(f"the comparison suite needs PyTorch: pip install 'functional-gan[torch]' ({error})") from error
-    spec = quality.QualitySpec(run=dataclasses.replace(quality.QUALITY_RUN, steps=args.quality_steps))
+    spec = quality.QualitySpec(run=dataclasses.replace(quality.QUALITY_RUN, steps=args.quality_steps),
+                               seeds=tuple(range(1, args.quality_seeds + 1)))
     results, path = report.run_suite(args.out, groups=groups, quality_spec=spec)
     failed = [r.name for r in results if r.passed is False]
     print(f"Wrote {path}: {sum(r.passed is True for r in results)} passed, {len(failed)} failed, "

@@ -9,7 +9,7 @@ from functional_gan.comparisons import GROUPS, quality, report
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    groups = [g for g in GROUPS if g != "quality"]
+    groups = [g for g in GROUPS if g not in ("quality", "noise-floor")]  # the long runs: tested apart below
     results, path = report.run_suite(out, groups=groups, progress=lambda _: None)
     return {r.name: r for r in results}, path
 
@@ -58,9 +58,34 @@ def test_free_running_float32_agrees_at_the_first_step_then_drifts(suite):
 def test_report_renders_with_its_plots(suite):
     _, path = suite
     text = path.read_text()
-    assert "| check | tolerance | measured | result | detail |" in text and "**FAIL**" not in text
+    assert "| check | measured | noise floor | tolerance | result | detail |" in text and "**FAIL**" not in text
     for image in ("losses_float64.png", "differences.png", "losses_float32.png"):
         assert f"({image})" in text and (path.parent / image).stat().st_size > 1000
+    page = path.with_suffix(".html").read_text()
+    assert page.count("<img ") == 3 and page.count("data:image/png;base64,") == 3  # self-contained
+    assert "DCGAN float64 trajectory, small widths" in page and "FAIL" not in page
+
+
+def test_float64_trajectories_report_pytorchs_own_noise(suite):
+    for prefix in ("DCGAN float64 trajectory, small widths", "DCGAN float64 trajectory, the tutorial's widths"):
+        result = _result(suite, prefix)
+        floor = float(result.noise_floor.split()[0])
+        assert 0 <= floor < 1e-10 and "PyTorch−PyTorch" in result.noise_floor
+
+
+def test_noise_floor_check_at_a_width_where_adam_amplifies_rounding():
+    """The noise-floor check of `compare` (there at ngf = ndf = 64, ~5 min) at ngf = ndf = 16, 64×64, batch 8."""
+    import dataclasses
+
+    from functional_gan.comparisons import checks
+    from functional_gan.comparisons.common import NOISE_FLOOR
+
+    result = checks.check_noise_floor(dataclasses.replace(NOISE_FLOOR, ngf=16, ndf=16))
+    assert result.passed is True, result.detail
+    assert len(result.curves["jax_per_step"]) == NOISE_FLOOR.steps == len(result.curves["torch_per_step"])
+    # Every tensor was compared: G's 4 BatchNorms × (weight, bias, running mean and variance) and 5 convolutions,
+    # D's 3 × 4 and 5, and the metrics.
+    assert len(result.curves["ratios"]) == (4 * 4 + 5) + (3 * 4 + 5) + 1
 
 
 # A short version of `functional-gan compare`'s long statistical runs (2 seeds × 300 iterations,
@@ -76,3 +101,22 @@ def test_a_short_float32_run_learns_in_both_frameworks():
         # Both learned: far below an untrained generator's distance (~2100), scores well above 1.
         assert result["scores"][framework]["fd"][0] < 0.5 * result["untrained_fd"]
         assert result["scores"][framework]["score"][0] > 2.0
+
+
+def test_the_paired_comparison_agrees_with_scipy_and_a_hand_computed_interval():
+    import scipy.stats
+
+    from functional_gan.comparisons.quality import paired_difference
+
+    jax_scores = [188.0, 286.0, 201.0, 240.0, 199.0, 260.0, 230.0, 215.0]
+    torch_scores = [168.0, 260.0, 210.0, 230.0, 185.0, 270.0, 220.0, 205.0]
+    result = paired_difference(jax_scores, torch_scores)
+    d = np.subtract(jax_scores, torch_scores)
+    half_width = 2.364624251592785 * d.std(ddof=1) / np.sqrt(8)  # t(0.975, 7), from a table
+    np.testing.assert_allclose(result["interval"], (d.mean() - half_width, d.mean() + half_width), rtol=1e-9)
+    np.testing.assert_allclose(result["p_value"], scipy.stats.ttest_rel(jax_scores, torch_scores).pvalue, rtol=1e-12)
+    assert result["passed"] == (result["interval"][0] <= 0 <= result["interval"][1])
+    shifted = paired_difference(np.add(torch_scores, 50.0) + np.arange(8), torch_scores)  # a clear systematic gap
+    assert not shifted["passed"] and shifted["p_value"] < 1e-6
+    with pytest.raises(ValueError, match="≥ 2 seeds"):
+        paired_difference([1.0], [2.0])
