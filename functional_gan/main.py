@@ -128,10 +128,15 @@ def _run_sample(args) -> int:
               f"{config.image_size}×{config.image_size}) to {args.out}")
         return 0
     restored = sample_from_checkpoint(args.checkpoint, args.out, args.num, args.seed, args.eval_bn)
-    for damaged in restored.damaged:
-        print(f"Warning: {damaged}; skipped", file=sys.stderr)
+    _warn_damaged(restored)
     print(f"Wrote {args.num} samples from the checkpoint at iteration {restored.step} to {args.out}")
     return 0
+
+
+def _warn_damaged(restored) -> None:
+    """Name each newer checkpoint that was skipped as damaged (and the file), on stderr."""
+    for damaged in restored.damaged:
+        print(f"Warning: {damaged}; skipped", file=sys.stderr)
 
 
 def _add_export_parser(subparsers) -> None:
@@ -152,8 +157,7 @@ def _run_export(args) -> int:
     from functional_gan.loop import export_checkpoint
 
     restored = export_checkpoint(args.checkpoint, args.generator, args.discriminator)
-    for damaged in restored.damaged:
-        print(f"Warning: {damaged}; skipped", file=sys.stderr)
+    _warn_damaged(restored)
     written = ", ".join(p for p in (args.generator, args.discriminator) if p)
     print(f"Wrote {written} from the checkpoint at iteration {restored.step}")
     return 0
