@@ -97,7 +97,7 @@ def run_suite(out_dir: str | Path, groups=GROUPS, quality_spec: quality.QualityS
         drift = add(checks.check_noise_floor(TEACHER_FORCING, "float32"))
         figures.append(("The noise floor: JAX − PyTorch next to PyTorch − PyTorch (the batches in another order, or channels_last), "
                         "per step, max over the five metrics (log scale)", _plot_curves(
-            out / "noise_floor.png", "JAX−PyTorch and PyTorch−PyTorch (batch permuted)", {
+            out / "noise_floor.png", "JAX−PyTorch and PyTorch−PyTorch (same mathematics, another summation order)", {
                 f"float64 full widths: JAX − PyTorch": np.maximum(full.curves["jax_per_step"], 1e-18),
                 f"float64 full widths: PyTorch − PyTorch (batch permuted)": np.maximum(full.curves["torch_per_step"], 1e-18),
                 f"float64 full widths: PyTorch − PyTorch (channels_last)": np.maximum(full.curves["channels_last_per_step"], 1e-18),

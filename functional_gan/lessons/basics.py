@@ -44,6 +44,23 @@ def jax_stop_gradient() -> dict:
     }
 
 
+def torch_func_detach() -> dict:
+    import torch
+    from torch.func import grad
+
+    def loss(x, cut):
+        a = x * 2
+        y_hat = a + 3
+        if cut:
+            y_hat = y_hat.detach()
+        return 10.0 - y_hat
+
+    x = torch.tensor(5.0)
+    return {
+        "torch.func.grad through y_hat.detach()": _value(grad(lambda x: loss(x, True))(x)),
+        "torch.func.grad, connected": _value(grad(lambda x: loss(x, False))(x)),
+    }
+
 register(
     "detach",
     "detach() vs stop_gradient",
@@ -54,8 +71,10 @@ register(
     `stop_gradient` is an identity whose derivative is zero. So the same cut gives an *error* in
     PyTorch and a gradient of exactly *0.0* in JAX. That is a real difference: code that relied
     on PyTorch's error to catch a broken graph gets a silent zero in JAX. Connected, both give −2.
+    `torch.func.grad`, PyTorch's functional API, sides with JAX: differentiating a function whose
+    output was detached gives a gradient of 0.0, not an error.
     """,
-    {"PyTorch": torch_detach, "JAX": jax_stop_gradient},
+    {"PyTorch": torch_detach, "torch.func": torch_func_detach, "JAX": jax_stop_gradient},
 )
 
 
@@ -97,6 +116,22 @@ def jax_argnums() -> dict:
     }
 
 
+def torch_func_argnums() -> dict:
+    import torch
+    from torch.func import grad
+
+    def f(x, y, z):
+        return ((x + y) + z).sum()
+
+    x = y = z = torch.ones(5, 5)  # no requires_grad anywhere
+    grad_z = grad(f, argnums=2)(x, y, z)
+    grad_xz = grad(f, argnums=(0, 2))(x, y, z)
+    return {
+        "grad wrt z (argnums=2)": _value(grad_z[0, :2]),
+        "grads wrt x and z (argnums=(0, 2))": len(grad_xz),
+        "z.requires_grad afterwards": z.requires_grad,
+    }
+
 register(
     "requires_grad",
     "requires_grad propagation vs choosing what to differentiate",
@@ -104,9 +139,10 @@ register(
     In PyTorch a flag on each tensor decides whether operations on it are recorded; an output
     requires grad if any input does, so `x + y` doesn't and `(x + y) + z` does. In JAX arrays
     carry no flag: `jax.grad(f, argnums=...)` names the arguments to differentiate at the call,
-    and anything else (an argument not named, a value closed over) is a constant.
+    and anything else (an argument not named, a value closed over) is a constant. `torch.func.grad`
+    has the same `argnums`: no tensor needs `requires_grad=True`, and none is changed by the call.
     """,
-    {"PyTorch": torch_requires_grad, "JAX": jax_argnums},
+    {"PyTorch": torch_requires_grad, "torch.func": torch_func_argnums, "JAX": jax_argnums},
 )
 
 
@@ -143,6 +179,22 @@ def jax_jaxpr() -> dict:
     }
 
 
+def torch_func_make_fx() -> dict:
+    import torch
+    from torch.func import grad
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def predict(b, w, x):
+        return b + w * x
+
+    args = (torch.tensor(1.0), torch.tensor(2.0), torch.tensor(0.5))
+    graph = make_fx(predict)(*args).graph
+    grad_graph = make_fx(grad(predict, argnums=(0, 1)))(*args).graph
+    return {
+        "make_fx of y_hat: aten ops": [str(n.target) for n in graph.nodes if n.op == "call_function"],
+        "make_fx of its gradient: aten ops": [str(n.target) for n in grad_graph.nodes if n.op == "call_function"],
+    }
+
 register(
     "grad_fn",
     "grad_fn and the dynamic graph vs the jaxpr",
@@ -152,9 +204,11 @@ register(
     the forward pass and walked by `backward()`. JAX records nothing while computing; when you ask
     for a gradient it traces the function into a jaxpr (`mul`, `add`) and transforms that program
     into another program that computes the gradient. Arrays stay plain values with no history.
-    `functional-gan graph` draws both.
+    PyTorch's closest counterpart is tracing a function with `make_fx` (torch.fx): the aten ops
+    `mul`, `add` of the forward, and a whole program for its `torch.func.grad`, like a jaxpr.
+    `functional-gan graph` draws PyTorch's graph and the jaxpr.
     """,
-    {"PyTorch": torch_grad_fn, "JAX": jax_jaxpr},
+    {"PyTorch": torch_grad_fn, "torch.func": torch_func_make_fx, "JAX": jax_jaxpr},
 )
 
 
@@ -193,6 +247,23 @@ def jax_no_differentiation() -> dict:
     }
 
 
+def torch_func_no_grad() -> dict:
+    import torch
+    from torch.func import grad
+
+    def f(x):
+        with torch.no_grad():  # inside the function: respected, this block is a constant
+            c = x * 3
+        return c + x * 2
+
+    x = torch.tensor(5.0)
+    with torch.no_grad():  # outside torch.func.grad: ignored, the gradient is computed anyway
+        outside = grad(lambda x: x * 3 + x * 2)(x)
+    return {
+        "grad of (no_grad: 3x) + 2x": _value(grad(f)(x)),
+        "grad of 3x + 2x, called under no_grad": _value(outside),
+    }
+
 register(
     "no_grad",
     "torch.no_grad() vs simply not differentiating",
@@ -201,9 +272,12 @@ register(
     nobody will use (evaluation, parameter updates). In JAX nothing is recorded unless a
     transformation asks for it, so code outside `jax.grad` needs no guard at all. To keep a block
     *inside* a differentiated function from contributing, wrap its result in `stop_gradient`:
-    d/dx x·stop_gradient(2x) is 2x = 4, while d/dx 2x² is 4x = 8.
+    d/dx x·stop_gradient(2x) is 2x = 4, while d/dx 2x² is 4x = 8. `torch.func.grad` respects a
+    `no_grad` block *inside* the function it differentiates (that block acts like `stop_gradient`:
+    d/dx of (no_grad: 3x) + 2x is 2) and ignores a `no_grad` *around* the call (5), as settled in
+    pytorch/functorch#13.
     """,
-    {"PyTorch": torch_no_grad, "JAX": jax_no_differentiation},
+    {"PyTorch": torch_no_grad, "torch.func": torch_func_no_grad, "JAX": jax_no_differentiation},
 )
 
 
@@ -243,6 +317,15 @@ def jax_vjp_reuse() -> dict:
     return {"vjp(1.0), first": _value(first)[0], "vjp(1.0), second": _value(second)[0], "vjp(2.0)": _value(doubled)[0]}
 
 
+def torch_func_vjp_reuse() -> dict:
+    import torch
+    from torch.func import vjp
+
+    value, pullback = vjp(lambda x: (x.exp() * x).sum(), torch.tensor([3.0]))
+    first = pullback(torch.tensor(1.0))[0]
+    second = pullback(torch.tensor(1.0))[0]  # no retain_graph: the pullback can be applied again
+    return {"vjp(1.0), first": _value(first)[0], "vjp(1.0), second": _value(second)[0]}
+
 register(
     "retain_graph",
     "retain_graph: the freed graph vs a reusable pullback",
@@ -252,9 +335,10 @@ register(
     tutorial detaches `fake` in the D step: the G step later backpropagates through `netG(noise)`
     and needs that part of the graph intact. `jax.vjp` returns the pullback as an ordinary
     function closed over its residuals; it can be applied any number of times, and the GAN step
-    here applies G's pullback once, to the cotangent from the G loss.
+    here applies G's pullback once, to the cotangent from the G loss. `torch.func.vjp` returns a
+    pullback that can be applied again too, with no `retain_graph`.
     """,
-    {"PyTorch": torch_retain_graph, "JAX": jax_vjp_reuse},
+    {"PyTorch": torch_retain_graph, "torch.func": torch_func_vjp_reuse, "JAX": jax_vjp_reuse},
 )
 
 

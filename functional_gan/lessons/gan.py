@@ -93,6 +93,41 @@ def jax_gan_step() -> dict:
     return results
 
 
+def torch_func_gan_step() -> dict:
+    import torch
+    from torch.func import functional_call, grad
+
+    from functional_gan.losses import FAKE_LABEL, REAL_LABEL
+    from functional_gan.pytorch import dcgan
+
+    config = LESSON_GAN
+    net_g, net_d = dcgan.make_models(config)
+    real = torch.rand(config.batch_size, config.nc, config.image_size, config.image_size) * 2 - 1
+    noise = torch.randn(config.batch_size, config.nz, 1, 1)
+    params_g = {name: p.detach() for name, p in net_g.named_parameters()}
+    params_d = {name: p.detach() for name, p in net_d.named_parameters()}
+    # BatchNorm updates its running statistics in place: under torch.func they must be inputs.
+    buffers = {name: b.clone() for net in (net_g, net_d) for name, b in net.named_buffers()}
+    bce = torch.nn.functional.binary_cross_entropy
+
+    def d_loss(params_g, params_d, buffers, detach):
+        fake = functional_call(net_g, (params_g, buffers), (noise,), strict=False)
+        out_real = functional_call(net_d, (params_d, buffers), (real,), strict=False).view(-1)
+        out_fake = functional_call(net_d, (params_d, buffers), (fake.detach() if detach else fake,), strict=False).view(-1)
+        return bce(out_real, torch.full_like(out_real, REAL_LABEL)) + bce(out_fake, torch.full_like(out_fake, FAKE_LABEL))
+
+    d_only = {detach: grad(d_loss, argnums=1)(params_g, params_d, dict(buffers), detach) for detach in (True, False)}
+    results = {
+        "grad wrt D only: its keys are D's parameters": sorted(d_only[True]) == sorted(params_d),
+        "grad wrt D only: identical with and without detach()": all(torch.equal(d_only[True][k], d_only[False][k]) for k in params_d),
+    }
+    for detach, cut in ((True, "with detach()"), (False, "without detach()")):
+        g_grads, _ = grad(d_loss, argnums=(0, 1))(params_g, params_d, dict(buffers), detach)
+        results[f"grad wrt G and D, {cut}: sum of |G's gradient|"] = sum(float(g.abs().sum()) for g in g_grads.values())
+    results["netG parameters with a .grad afterwards"] = sum(p.grad is not None for p in net_g.parameters())
+    return results
+
+
 register(
     "gan_step",
     "The GAN's D step: detach() vs differentiating only D",
@@ -104,9 +139,11 @@ register(
     parameters only, so G's parameters are constants: the gradient has no G entries at all,
     stop_gradient or not, and XLA never computes G's backward (see `functional-gan lessons
     compiled`). `stop_gradient` decides the outcome only when G is differentiated too: then it
-    cuts G's gradient to exact zeros.
+    cuts G's gradient to exact zeros. `torch.func.grad` over `functional_call` behaves as JAX does:
+    with respect to D's parameters only, the gradient is the same with or without `detach()` and
+    no `.grad` is filled anywhere; with respect to both, `detach()` makes G's gradient exactly 0.
     """,
-    {"PyTorch": torch_gan_step, "JAX": jax_gan_step},
+    {"PyTorch": torch_gan_step, "torch.func": torch_func_gan_step, "JAX": jax_gan_step},
 )
 
 

@@ -31,7 +31,7 @@ def torch_accumulation() -> dict:
     data = linreg.make_data()
     x = torch.as_tensor(data.x_train, dtype=torch.float32)
     y = torch.as_tensor(data.y_train, dtype=torch.float32)
-    b0, w0 = linreg.initial_parameters()
+    b0, w0 = linreg.BOOK_TORCH_START  # the book's torch.manual_seed(42) draw on its GPU
     b = torch.tensor([b0], requires_grad=True)
     w = torch.tensor([w0], requires_grad=True)
     seen = {}
@@ -42,11 +42,38 @@ def torch_accumulation() -> dict:
     b.grad.zero_()
     w.grad.zero_()
     seen["after zero_(): b.grad"] = _value(b.grad)[0]
+    torch.manual_seed(42)  # the same seed on the CPU draws other numbers than on CUDA
+    b_cpu, w_cpu = torch.randn(1, requires_grad=True), torch.randn(1, requires_grad=True)
+    ((b_cpu + w_cpu * x - y) ** 2).mean().backward()
+    seen["manual_seed(42) on the CPU: b, w"] = [round(_value(b_cpu)[0], 4), round(_value(w_cpu)[0], 4)]
+    seen["its first backward(): b.grad"] = _value(b_cpu.grad)[0]
     return seen
 
 
+def torch_func_accumulation() -> dict:
+    import torch
+    from torch.func import grad
+
+    data = linreg.make_data()
+    x = torch.as_tensor(data.x_train, dtype=torch.float32)
+    y = torch.as_tensor(data.y_train, dtype=torch.float32)
+    params = {"b": torch.tensor([linreg.BOOK_TORCH_START[0]]), "w": torch.tensor([linreg.BOOK_TORCH_START[1]])}
+
+    def loss(p):
+        return ((p["b"] + p["w"] * x - y) ** 2).mean()
+
+    first = grad(loss)(params)  # a return value, as in JAX: no .grad is filled
+    second = grad(loss)(params)
+    return {
+        "first torch.func.grad: b, w": [_value(first["b"])[0], _value(first["w"])[0]],
+        "second torch.func.grad: b, w": [_value(second["b"])[0], _value(second["w"])[0]],
+        "params['b'].grad afterwards": params["b"].grad,
+    }
+
+
 def jax_gradients_are_values() -> dict:
-    x, y, params = book_setup()
+    x, y, _ = book_setup()
+    params = {"b": jnp.float32(linreg.BOOK_TORCH_START[0]), "w": jnp.float32(linreg.BOOK_TORCH_START[1])}
     first = jax.grad(linreg.mse_loss)(params, x, y)
     second = jax.grad(linreg.mse_loss)(params, x, y)  # the same value again: nothing accumulated
     added = jax.tree_util.tree_map(jnp.add, first, second)  # accumulate on purpose
@@ -77,14 +104,19 @@ register(
     "Gradient accumulation and zero_()",
     """
     `backward()` *adds* into `.grad`, so running the book's step twice without `zero_()` doubles
-    the gradient (−3.0448 → −6.0896 for b here, from the book's NumPy starting point). PyTorch
-    does this on purpose, to sum micro-batches that don't fit in memory at once, at the price of
-    remembering `zero_grad()` every step. In JAX a gradient is a return value: calling `jax.grad`
-    twice gives the same value twice, and accumulating is something you write (`tree_map(add)`),
-    or ask optax for: `optax.MultiSteps` averages k micro-batch gradients and steps once, which
-    for equal micro-batches of a mean loss equals one step on the whole batch.
+    the gradient: −3.38815, −1.94395 → −6.7763, −3.8879 here; the book and the source note print
+    −3.3881, −1.9439 → −6.7762, −3.8878. Both start from the book's PyTorch draw b = 0.1940,
+    w = 0.1391 (`torch.manual_seed(42)` then `randn` on its GPU; printed to 4 decimals, which
+    accounts for the last digit). The same seed on a CPU draws 0.3367, 0.1288 (CUDA's generator is
+    another algorithm), which gives −3.1125, so every column here starts from the book's printed
+    values. PyTorch accumulates on purpose, to sum micro-batches that don't fit in memory at once,
+    at the price of remembering `zero_grad()` every step. `torch.func.grad` works like `jax.grad`: the
+    gradient is a return value, twice gives the same value twice, and no `.grad` is filled. In JAX
+    accumulating is something you write (`tree_map(add)`), or ask optax for: `optax.MultiSteps`
+    averages k micro-batch gradients and steps once, which for equal micro-batches of a mean loss
+    equals one step on the whole batch.
     """,
-    {"PyTorch": torch_accumulation, "JAX": jax_gradients_are_values},
+    {"PyTorch": torch_accumulation, "torch.func": torch_func_accumulation, "JAX": jax_gradients_are_values},
 )
 
 
@@ -155,6 +187,26 @@ def jax_new_values() -> dict:
     }
 
 
+def torch_func_new_values() -> dict:
+    import torch
+    from torch.func import grad
+
+    data = linreg.make_data()
+    x = torch.as_tensor(data.x_train, dtype=torch.float32)
+    y = torch.as_tensor(data.y_train, dtype=torch.float32)
+    b0, w0 = linreg.initial_parameters()
+    params = {"b": torch.tensor(b0), "w": torch.tensor(w0)}
+    lr = 0.1
+
+    def loss(p):
+        return ((p["b"] + p["w"] * x - y) ** 2).mean()
+
+    for _ in range(linreg.EPOCHS):
+        grads = grad(loss)(params)
+        params = {k: params[k] - lr * grads[k] for k in params}  # a new value, no no_grad needed
+    return {"params = p - lr * g, 1000 epochs: b, w": [_value(params["b"]), _value(params["w"])]}
+
+
 register(
     "update",
     "Updating parameters: the two errors and no_grad",
@@ -164,9 +216,11 @@ register(
     AttributeError. `b -= lr * b.grad` modifies the leaf in place while autograd is recording,
     which PyTorch forbids. Only the update under `torch.no_grad()` works (b = 1.0235, w = 1.9690).
     JAX arrays are immutable: the update *is* a new value (`tree_map(lambda p, g: p - lr * g)` or
-    `optax.apply_updates`), there is no recording to hide it from and no `.grad` to lose.
+    `optax.apply_updates`), there is no recording to hide it from and no `.grad` to lose. With
+    `torch.func.grad` PyTorch can be written the same way: plain tensors, the gradient returned,
+    the update a new dict (1.0235, 1.9690 again).
     """,
-    {"PyTorch": torch_update_pitfalls, "JAX": jax_new_values},
+    {"PyTorch": torch_update_pitfalls, "torch.func": torch_func_new_values, "JAX": jax_new_values},
 )
 
 
