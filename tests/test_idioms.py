@@ -1,0 +1,62 @@
+"""The gradient-stopping idioms people port: PyTorch, torch.func and JAX agree in float64, and the cut matters."""
+
+import numpy as np
+import pytest
+
+from functional_gan.lessons import LESSONS, idioms
+
+# Three implementations of the same float64 arithmetic: only the order of a few sums can differ.
+TOLERANCE = 1e-12
+
+
+def _sides(name):
+    return {side: fn() for side, fn in LESSONS[name].sides.items()}
+
+
+def _assert_columns_equal(values, label, sides=("PyTorch", "torch.func", "JAX")):
+    reference = np.asarray(values[sides[0]][label])
+    for side in sides[1:]:
+        np.testing.assert_allclose(values[side][label], reference, rtol=0, atol=TOLERANCE, err_msg=f"{side}: {label}")
+    return reference
+
+
+def test_straight_through_passes_the_decoders_gradient_to_the_encoder():
+    values = _sides("straight_through")
+    gradient = _assert_columns_equal(values, "d loss / d x")
+    data = idioms._inputs("straight_through")
+    q = data["codebook"][idioms._nearest(data["x"], data["codebook"])]
+    np.testing.assert_allclose(gradient, np.cos(q), rtol=0, atol=TOLERANCE)  # d/dx sin(x_st) at x_st = q: cos(q)
+    assert values["PyTorch"]["max |forward value − q|"] < 1e-15 and values["JAX"]["max |forward value − q|"] < 1e-15
+
+
+def test_truncated_bptt_is_the_same_truncation_and_differs_from_full_bptt():
+    values = _sides("tbptt")
+    truncated = _assert_columns_equal(values, "d loss / d W (truncated every 4 steps)")
+    full = _assert_columns_equal(values, "d loss / d W (full BPTT)", sides=("torch.func", "JAX"))
+    assert np.max(np.abs(truncated - full)) > 0.1  # the cut removes the paths back across chunks
+
+
+def test_target_network_td_target_and_soft_update_match_numpy():
+    values = _sides("target_network")
+    gradient = _assert_columns_equal(values, "d loss / d online")
+    updated = _assert_columns_equal(values, "target after the soft update")
+    d = idioms._inputs("target_network")
+    td_target = d["r"] + idioms.GAMMA * np.max(d["s_next"] @ d["target"], axis=1)
+    expected_gradient = 2 * d["s"].T @ (d["s"] @ d["online"] - td_target) / len(d["r"])  # the TD target a constant
+    np.testing.assert_allclose(gradient, expected_gradient, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(updated, (1 - idioms.TAU) * d["target"] + idioms.TAU * d["online"], rtol=0, atol=TOLERANCE)
+
+
+def test_simsiam_stop_gradient_gives_the_same_gradients_and_changes_them():
+    values = _sides("simsiam")
+    encoder = _assert_columns_equal(values, "d loss / d encoder")
+    _assert_columns_equal(values, "d loss / d predictor")
+    without = _assert_columns_equal(values, "d loss / d encoder, without the stop-gradient", sides=("torch.func", "JAX"))
+    assert np.max(np.abs(encoder - without)) > 1e-2
+
+
+def test_gradient_penalty_second_order_through_this_projects_conv2d_matches_pytorch():
+    values = _sides("gradient_penalty")
+    _assert_columns_equal(values, "d penalty / d weight")
+    assert values["JAX"]["penalty"] == pytest.approx(values["PyTorch"]["penalty"], abs=TOLERANCE)
+    assert np.max(np.abs(values["JAX"]["d penalty / d weight"])) > 1e-3  # a real, non-zero second-order signal
