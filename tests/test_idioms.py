@@ -60,3 +60,16 @@ def test_gradient_penalty_second_order_through_this_projects_conv2d_matches_pyto
     _assert_columns_equal(values, "d penalty / d weight")
     assert values["JAX"]["penalty"] == pytest.approx(values["PyTorch"]["penalty"], abs=TOLERANCE)
     assert np.max(np.abs(values["JAX"]["d penalty / d weight"])) > 1e-3  # a real, non-zero second-order signal
+
+
+def test_no_grad_keeps_nothing_and_jax_keeps_residuals_only_when_differentiating():
+    torch_side, jax_side = LESSONS["no_grad_memory"].sides["PyTorch"](), LESSONS["no_grad_memory"].sides["JAX"]()
+    batch, width, layers = idioms.MEMORY_BATCH, idioms.MEMORY_WIDTH, idioms.MEMORY_LAYERS
+    activation_mb = batch * width * 4 / 2**20  # one float32 activation
+    # Autograd keeps each layer's input (but the first, x itself) and each tanh output.
+    assert torch_side["MB kept for backward, recording"] == pytest.approx((2 * layers - 1) * activation_mb)
+    assert torch_side["MB kept for backward, under no_grad"] == 0
+    # jax.vjp keeps at least those activations; jax.checkpoint keeps only the layers' inputs.
+    assert jax_side["MB a jax.vjp pullback keeps"] >= (2 * layers - 1) * activation_mb
+    assert jax_side["MB it keeps with jax.checkpoint on each layer"] == pytest.approx((layers - 1) * activation_mb)
+    assert jax_side["MB of temporaries, compiled jax.grad"] > jax_side["MB of temporaries, compiled forward only"]
