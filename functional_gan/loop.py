@@ -156,7 +156,7 @@ def train(
         raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {config.batch_size}; "
                         "lower --batch-size or add images")
     mesh = data_parallel_mesh(config)
-    initial = None
+    initial, initial_note = None, ""
     if init_generator is not None or init_discriminator is not None:  # read and checked before anything is written
         initial = state_from_state_dicts(
             config,
@@ -167,7 +167,7 @@ def train(
         initial_note = f"Initial weights: {', '.join(sources)} (PyTorch state_dicts); Adam states start fresh"
     out.mkdir(parents=True, exist_ok=True)
     with run_lock(out) if primary else contextlib.nullcontext():
-        return _train(config, out, dataset, mesh, progress, print_fn, initial, initial_note if initial else "")
+        return _train(config, out, dataset, mesh, progress, print_fn, initial, initial_note)
 
 
 def _quiet(_message: str) -> None:
