@@ -182,5 +182,7 @@ def test_torch_func_update_and_gan_step_agree_with_the_other_columns():
     assert func_side["netG parameters with a .grad afterwards"] == 0
 
 
-def test_every_lesson_but_the_compiled_one_has_a_torch_func_column():
-    assert [name for name, lesson in LESSONS.items() if "torch.func" not in lesson.sides] == ["compiled"]
+def test_every_lesson_has_a_torch_func_column_except_the_two_about_cost():
+    # `compiled` (FLOPs of the compiled program) and `no_grad_memory` (what is kept for backward) measure
+    # autograd and XLA themselves; torch.func runs on autograd and has no cost story of its own.
+    assert [name for name, lesson in LESSONS.items() if "torch.func" not in lesson.sides] == ["compiled", "no_grad_memory"]
