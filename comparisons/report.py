@@ -98,11 +98,11 @@ def run_suite(out_dir: str | Path, groups=GROUPS, quality_spec: quality.QualityS
         figures.append(("The noise floor: JAX − PyTorch next to PyTorch − PyTorch (the batches in another order, or channels_last), "
                         "per step, max over the five metrics (log scale)", _plot_curves(
             out / "noise_floor.png", "JAX−PyTorch and PyTorch−PyTorch (same mathematics, another summation order)", {
-                f"float64 full widths: JAX − PyTorch": np.maximum(full.curves["jax_per_step"], 1e-18),
-                f"float64 full widths: PyTorch − PyTorch (batch permuted)": np.maximum(full.curves["torch_per_step"], 1e-18),
-                f"float64 full widths: PyTorch − PyTorch (channels_last)": np.maximum(full.curves["channels_last_per_step"], 1e-18),
-                f"float32 free-running: JAX − PyTorch": np.maximum(drift.curves["jax_per_step"], 1e-18),
-                f"float32 free-running: PyTorch − PyTorch (batch permuted)": np.maximum(drift.curves["torch_per_step"], 1e-18),
+                "float64 full widths: JAX − PyTorch": np.maximum(full.curves["jax_per_step"], 1e-18),
+                "float64 full widths: PyTorch − PyTorch (batch permuted)": np.maximum(full.curves["torch_per_step"], 1e-18),
+                "float64 full widths: PyTorch − PyTorch (channels_last)": np.maximum(full.curves["channels_last_per_step"], 1e-18),
+                "float32 free-running: JAX − PyTorch": np.maximum(drift.curves["jax_per_step"], 1e-18),
+                "float32 free-running: PyTorch − PyTorch (batch permuted)": np.maximum(drift.curves["torch_per_step"], 1e-18),
             }, "difference", log=True)))
     if "fixtures" in groups:
         for check in (fixtures.check_trajectory_fixture, fixtures.check_teacher_forcing_fixture, fixtures.check_linreg_fixture):

@@ -10,7 +10,6 @@
 * Two ``train`` processes on one folder: the second refuses.
 """
 
-import dataclasses
 import errno
 import os
 import shutil
@@ -20,14 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
 from functional_gan import checkpoints
 from functional_gan.config import TrainConfig
 from functional_gan.main import main
+from tests.helpers import tree_allclose
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,11 +44,6 @@ def _state(run: Path):
     return checkpoints.load_newest_good(run)
 
 
-def _trees_equal(a, b) -> bool:
-    leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    return len(leaves_a) == len(leaves_b) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
-
-
 def _grids(run: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((run / "samples").glob("iter_*.png"))}
 
@@ -66,7 +59,7 @@ def straight(tmp_path_factory):
 def _assert_same_run(run: Path, straight: Path) -> None:
     restored, reference = _state(run), _state(straight)
     assert restored.step == reference.step == 8
-    assert _trees_equal(restored.state, reference.state), "parameters differ from the uninterrupted run"
+    assert tree_allclose(restored.state, reference.state), "parameters differ from the uninterrupted run"
     # No duplicated or missing iterations, every value as in the uninterrupted run.
     assert (run / "metrics.jsonl").read_text() == (straight / "metrics.jsonl").read_text()
     assert _grids(run) == _grids(straight)
@@ -184,7 +177,7 @@ def test_orbax_alone_does_not_notice_a_flipped_byte(tmp_path, straight):
         silent = checkpoints.restore(manager, CONFIG, 8)
     except checkpoints.DamagedCheckpoint:
         pytest.fail("orbax refused the flipped byte itself; this test's premise no longer holds")
-    assert not _trees_equal(silent, _state(straight).state)
+    assert not tree_allclose(silent, _state(straight).state)
     with pytest.raises(checkpoints.DamagedCheckpoint, match="does not match its SHA-256"):
         checkpoints.verify(run / "checkpoints" / "8", 8)
 
