@@ -37,7 +37,7 @@ from functional_gan import convert, losses, train
 from functional_gan.config import TUTORIAL, TrainConfig
 from functional_gan.pytorch import dcgan
 from functional_gan.pytorch.precision import default_dtype, torch_dtype
-from functional_gan.replay import _check_batches, config_from_state_dicts, load_batches
+from functional_gan.replay import check_batches, config_from_state_dicts, load_batches
 
 from . import reference_runs
 from .common import state_from_snapshot
@@ -224,7 +224,7 @@ def find_divergence(
     tolerance = DEFAULT_TOLERANCE[dtype] if tolerance is None else tolerance
     real_NCHW, noise_NCHW = np.asarray(real_NCHW), np.asarray(noise_NCHW)
     config = config_from_state_dicts(generator_sd, discriminator_sd, real_NCHW.shape[1] if real_NCHW.ndim == 5 else 1, optimizer)
-    _check_batches(real_NCHW, noise_NCHW, config)
+    check_batches(real_NCHW, noise_NCHW, config)
     tdtype, history = torch_dtype(dtype), []
     with default_dtype(tdtype), jax.enable_x64(dtype == "float64"):
         jdtype = jnp.float64 if dtype == "float64" else jnp.float32
@@ -233,7 +233,7 @@ def find_divergence(
         dcgan.load_state_dict_numpy(net_d, discriminator_sd)
         optimizer_g, optimizer_d = dcgan.make_optimizers(net_g, net_d, config)
         for t in range(real_NCHW.shape[0]):
-            snapshot = reference_runs._snapshot(net_g, net_d, optimizer_g, optimizer_d)
+            snapshot = reference_runs.snapshot(net_g, net_d, optimizer_g, optimizer_d)
             state = state_from_snapshot(config, snapshot, jdtype)
             real = torch.as_tensor(real_NCHW[t], dtype=tdtype)
             noise = torch.as_tensor(noise_NCHW[t], dtype=tdtype)

@@ -66,7 +66,7 @@ def run_tutorial(spec: TrainConfig, dtype: str = "float64", record_snapshots: bo
         rows, snapshots = [], []
         for t in range(spec.steps):
             if record_snapshots:
-                snapshots.append(_snapshot(net_g, net_d, optimizer_g, optimizer_d))
+                snapshots.append(snapshot(net_g, net_d, optimizer_g, optimizer_d))
             rows.append(
                 dcgan.tutorial_iteration(
                     net_g, net_d, optimizer_g, optimizer_d, criterion,
@@ -75,13 +75,14 @@ def run_tutorial(spec: TrainConfig, dtype: str = "float64", record_snapshots: bo
                 )
             )
         if record_snapshots:
-            snapshots.append(_snapshot(net_g, net_d, optimizer_g, optimizer_d))
+            snapshots.append(snapshot(net_g, net_d, optimizer_g, optimizer_d))
         rows = np.array(rows)
         metrics = {key: rows[:, i] for i, key in enumerate(METRIC_NAMES)}
         return TorchRun(initial_g, initial_d, metrics, dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_d), snapshots)
 
 
-def _snapshot(net_g, net_d, optimizer_g, optimizer_d) -> dict:
+def snapshot(net_g, net_d, optimizer_g, optimizer_d) -> dict:
+    """The tutorial loop's whole training state (weights, running statistics, Adam) as NumPy arrays."""
     return {
         "generator": dcgan.state_dict_numpy(net_g),
         "discriminator": dcgan.state_dict_numpy(net_d),

@@ -307,9 +307,9 @@ def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress
                     pending = None
                     bar.set_postfix(loss_d=f"{values['loss_d']:.3f}", loss_g=f"{values['loss_g']:.3f}")
                     if at_sample:
-                        grid = to_host(sampler(state, noise))
+                        grid = sampler(state, noise)  # every process runs the program; only the first fetches it
                         if primary:
-                            plots.save_grid(grid, samples_dir / f"iter_{step_done:06d}.png")
+                            plots.save_grid(to_host(grid), samples_dir / f"iter_{step_done:06d}.png")
                     if at_checkpoint:
                         if log_file is not None:
                             log_file.flush()
@@ -319,9 +319,9 @@ def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress
     finally:
         manager.wait_until_finished()
 
-    final_samples = to_host(sampler(state, noise))
+    final_samples = sampler(state, noise)
     if primary:
-        _write_figures(config, out, dataset, final_samples)
+        _write_figures(config, out, dataset, to_host(final_samples))
     return RunResult(state, first_step, int(to_host(state.step)), out, compile_seconds)
 
 

@@ -74,7 +74,7 @@ def state_from_state_dicts(config: TrainConfig, generator_sd, discriminator_sd, 
     return state_from_variables(config, cast(variables["generator"]), cast(variables["discriminator"]))
 
 
-def _check_batches(real_NCHW: np.ndarray, noise_NCHW: np.ndarray, config: TrainConfig) -> None:
+def check_batches(real_NCHW: np.ndarray, noise_NCHW: np.ndarray, config: TrainConfig) -> None:
     if real_NCHW.ndim != 5:
         raise ReplayInputError(f"'real' must be (steps, batch, nc, H, W), got shape {real_NCHW.shape}")
     if noise_NCHW.ndim != 5 or noise_NCHW.shape[3:] != (1, 1):
@@ -115,7 +115,7 @@ def replay(
         raise ReplayInputError(f"dtype must be float32 or float64, got {dtype!r}")
     real_NCHW, noise_NCHW = np.asarray(real_NCHW), np.asarray(noise_NCHW)
     config = config_from_state_dicts(generator_sd, discriminator_sd, real_NCHW.shape[1] if real_NCHW.ndim == 5 else 1, optimizer)
-    _check_batches(real_NCHW, noise_NCHW, config)
+    check_batches(real_NCHW, noise_NCHW, config)
     with jax.enable_x64(dtype == "float64"):
         jdtype = jnp.float64 if dtype == "float64" else jnp.float32
         state = state_from_state_dicts(config, generator_sd, discriminator_sd, jdtype)
