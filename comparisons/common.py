@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from functional_gan.config import TUTORIAL, TrainConfig
+from functional_gan.config import TUTORIAL, TrainConfig, config_for_loss
 from functional_gan.metrics import METRIC_NAMES
 
 # What the reference runs train: the tutorial's settings at smaller sizes, on seeded random data.
@@ -17,6 +17,8 @@ TEACHER_FORCING = dataclasses.replace(SMALL_WIDTHS, steps=50, batch_size=16)
 # The noise floor at the tutorial's widths (Adam amplifies summation-order differences there); batch 8,
 # where PyTorch's own permutation noise is visible (at batch 4 its kernels were near permutation-exact).
 NOISE_FLOOR = dataclasses.replace(TUTORIAL, batch_size=8, steps=20, seed=0)
+# WGAN-GP (λ = 10, n_critic = 5, Adam(1e-4, (0, 0.9))) at the small widths: 30 iterations, 6 generator updates.
+WGAN_GP_SMALL = dataclasses.replace(config_for_loss("wgan-gp"), nz=16, ngf=8, ndf=8, image_size=32, batch_size=8, steps=30, seed=0)
 
 
 def make_batches(spec: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -28,6 +30,13 @@ def make_batches(spec: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
     real = rng.uniform(-1, 1, (spec.steps, spec.batch_size, spec.nc, spec.image_size, spec.image_size))
     noise = rng.normal(size=(spec.steps, spec.batch_size, spec.nz, 1, 1))
     return real, noise
+
+
+def make_mix(spec: TrainConfig) -> np.ndarray | None:
+    """WGAN-GP's interpolation weights ε ~ U(0, 1), (steps, batch), from ``default_rng(seed + 1)``; None for other losses."""
+    if spec.loss != "wgan-gp":
+        return None
+    return np.random.default_rng(spec.seed + 1).uniform(size=(spec.steps, spec.batch_size))
 
 
 @dataclasses.dataclass
@@ -60,7 +69,7 @@ def compare_trajectory(name: str, spec: TrainConfig, initial_g, initial_d, metri
     from functional_gan.replay import replay
 
     real, noise = make_batches(spec)
-    ours = replay(initial_g, initial_d, real, noise, "float64", spec)
+    ours = replay(initial_g, initial_d, real, noise, "float64", spec, mix=make_mix(spec))
     per_step = np.max([np.abs(ours.metrics[k] - metrics[k]) for k in METRIC_NAMES], axis=0)
     state_diff = max(
         max_state_difference(ours.generator_state_dict, final_g),
@@ -71,7 +80,8 @@ def compare_trajectory(name: str, spec: TrainConfig, initial_g, initial_d, metri
     return CheckResult(
         name, f"max |JAX − PyTorch| ≤ {tolerance:g} (metrics, parameters, running statistics)", measured,
         measured <= tolerance and counters,
-        f"{spec.steps} steps, batch {spec.batch_size}, {spec.image_size}×{spec.image_size}, ngf {spec.ngf}, ndf {spec.ndf}; "
+        f"{spec.steps} steps, batch {spec.batch_size}, {spec.image_size}×{spec.image_size}, ngf {spec.ngf}, ndf {spec.ndf}, "
+        f"loss {spec.loss}; "
         f"metrics {per_step.max():.2e}, final state {state_diff:.2e}; num_batches_tracked equal: {counters}",
         {"per_step_max_abs": per_step, "torch": metrics, "jax": ours.metrics},
     )

@@ -141,7 +141,7 @@ def _captured(model, variables, x):
 def _jax_iteration(config: TrainConfig, state: train.GANState, real_NHWC, noise_NZ) -> dict:
     generator, discriminator = train.make_models(config)
     optimizer = train.make_optimizer(config)
-    loss_pair = losses.LOSSES[config.loss]
+    loss_pair = losses.losses_for(config)
     record = {}
     g_vars = {"params": state.generator_params, "batch_stats": state.generator_batch_stats}
     fake, g_stats, record["G"] = _captured(generator, g_vars, noise_NZ)

@@ -41,7 +41,9 @@ class TrainConfig:
     log_every: int = 50  # the tutorial's stats line
     sample_every: int | None = None  # fixed-noise grid interval; None: about GRIDS_PER_RUN grids (the tutorial: 500)
     checkpoint_every: int = 500
-    loss: str = "bce"  # the tutorial's BCELoss pair (functional_gan.losses)
+    loss: str = "bce"  # the tutorial's BCELoss pair (functional_gan.losses); "wgan-gp": see LOSS_DEFAULTS
+    n_critic: int = 1  # D (critic) updates per G update; the tutorial alternates, 1
+    gp_weight: float = 10.0  # WGAN-GP's λ (used by the wgan-gp loss only)
     devices: int | None = None  # data parallelism over this many local devices; None: all of them
 
     def validate(self) -> "TrainConfig":
@@ -49,7 +51,7 @@ class TrainConfig:
         problems = []
         if self.image_size not in SUPPORTED_IMAGE_SIZES:
             problems.append(f"--image-size {self.image_size} is not supported; choose one of {SUPPORTED_IMAGE_SIZES}")
-        for name in ("batch_size", "nc", "nz", "ngf", "ndf", "epochs", "log_every", "checkpoint_every"):
+        for name in ("batch_size", "nc", "nz", "ngf", "ndf", "epochs", "log_every", "checkpoint_every", "n_critic"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 problems.append(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -59,6 +61,8 @@ class TrainConfig:
                 problems.append(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if self.loss not in LOSSES:
             problems.append(f"--loss {self.loss!r} is not known; choose one of {tuple(LOSSES)}")
+        if not (math.isfinite(self.gp_weight) and self.gp_weight >= 0):
+            problems.append(f"--gp-weight must be a finite number ≥ 0, got {self.gp_weight!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             problems.append(f"--lr must be a positive finite number, got {self.lr!r}")
         for name in ("beta1", "beta2"):
@@ -93,6 +97,27 @@ class TrainConfig:
     def from_dict(cls, values: dict) -> "TrainConfig":
         known = {field.name for field in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+# What a loss changes in the tutorial's settings unless flags say otherwise. WGAN-GP: Gulrajani et al.
+# (2017), Algorithm 1's defaults: λ = 10, n_critic = 5, Adam(α = 1e-4, β1 = 0, β2 = 0.9).
+LOSS_DEFAULTS: dict[str, dict] = {
+    "bce": {},
+    "wgan-gp": {"lr": 1e-4, "beta1": 0.0, "beta2": 0.9, "n_critic": 5, "gp_weight": 10.0},
+}
+
+
+def config_for_loss(loss: str, **given) -> TrainConfig:
+    """A TrainConfig for ``loss``: the tutorial's settings, then the loss's defaults, then ``given`` (None: not given).
+
+    ``config_for_loss("wgan-gp", lr=None)`` has WGAN-GP's lr 1e-4; ``lr=3e-4`` keeps 3e-4.
+    """
+    if loss not in LOSS_DEFAULTS:
+        raise ConfigError(f"--loss {loss!r} is not known; choose one of {tuple(LOSS_DEFAULTS)}")
+    if loss != "wgan-gp" and given.get("gp_weight") is not None:
+        raise ConfigError(f"--gp-weight is the wgan-gp loss's gradient penalty weight; --loss {loss} has no penalty")
+    values = {**LOSS_DEFAULTS[loss], **{k: v for k, v in given.items() if v is not None}}
+    return TrainConfig(loss=loss, **values)
 
 
 TUTORIAL = TrainConfig()

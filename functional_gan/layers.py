@@ -331,15 +331,29 @@ def normal_init(mean: float, stddev: float):
     return init
 
 
+def uniform_init(bound: float):
+    """U(−bound, bound): PyTorch's default initialisation of a convolution's bias, bound = 1/√fan_in."""
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
 class _BiasFreeConvolution(nn.Module):
-    """A bias-free convolution module with one parameter ``weight``, initialised N(0, 0.02)
-    (the tutorial's ``weights_init`` for every module named "Conv")."""
+    """A convolution module with a parameter ``weight``, initialised N(0, 0.02) (the tutorial's
+    ``weights_init`` for every module named "Conv"), bias-free as in the DCGAN unless ``bias=True``.
+
+    With ``bias=True`` (the WGAN-GP critic, which has no BatchNorm to absorb a bias) it adds the
+    parameter ``bias`` (out,), initialised as PyTorch does, U(±1/√fan_in) (``weights_init`` leaves it).
+    """
 
     in_channels: int
     out_channels: int
     kernel_size: int
     stride: int
     padding: int
+    bias: bool = False
 
     def weight_shape(self) -> tuple[int, int, int, int]:
         raise NotImplementedError
@@ -350,11 +364,17 @@ class _BiasFreeConvolution(nn.Module):
     @nn.compact
     def __call__(self, x_NHWC):
         weight = self.param("weight", normal_init(0.0, 0.02), self.weight_shape(), x_NHWC.dtype)
-        return self.convolve(x_NHWC, weight)
+        y = self.convolve(x_NHWC, weight)
+        if self.bias:
+            fan_in = self.weight_shape()[1] * self.kernel_size ** 2  # PyTorch: weight.size(1) · kH · kW
+            y = y + self.param("bias", uniform_init(1 / math.sqrt(fan_in)), (self.out_channels,), x_NHWC.dtype)
+        return y
 
 
 class Conv2d(_BiasFreeConvolution):
-    """``nn.Conv2d(in, out, kernel_size, stride, padding, bias=False)``; parameter ``weight`` (out, in, kH, kW)."""
+    """``nn.Conv2d(in, out, kernel_size, stride, padding, bias=False)``; parameter ``weight`` (out, in, kH, kW).
+
+    ``Conv2d(..., bias=True)`` is ``nn.Conv2d(...)`` with its default bias."""
 
     def weight_shape(self):
         return (self.out_channels, self.in_channels, self.kernel_size, self.kernel_size)

@@ -25,6 +25,7 @@ from functional_gan.config import TUTORIAL, ConfigError, TrainConfig
 from functional_gan.data import DataError, ImageDataset, load_dataset
 from functional_gan.distributed import barrier, is_primary, process_rows, to_host
 from functional_gan.errors import UserError
+from functional_gan.losses import LOSSES
 from functional_gan.metrics import METRIC_NAMES, StepMetrics, stats_line
 from functional_gan.models import count_params
 from functional_gan.replay import state_from_state_dicts
@@ -240,7 +241,7 @@ def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress
         (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     print_fn(
         f"Generator: {count_params(state.generator_params):,} parameters; "
-        f"Discriminator: {count_params(state.discriminator_params):,} parameters"
+        f"{'Critic (wgan-gp)' if LOSSES[config.loss].critic else 'Discriminator'}: {count_params(state.discriminator_params):,} parameters"
     )
     print_fn(f"Data: {dataset.name}, {len(dataset)} images, {per_epoch} iterations per epoch (batch {config.batch_size}); "
              f"{total_steps} iterations, a fixed-noise grid every {grid_every}")
@@ -284,7 +285,7 @@ def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress
         if log_file is not None:
             log_file.write(json.dumps({"step": step_done, "epoch": epoch, **values}) + "\n")
         if primary and (step_done % config.log_every == 0 or step_done == total_steps):
-            tqdm.write(stats_line(epoch, num_epochs, index, per_epoch, values))
+            tqdm.write(stats_line(epoch, num_epochs, index, per_epoch, values, critic=LOSSES[config.loss].critic))
         return values
 
     pending = None  # (step_done, metrics) not yet fetched: read after the next step is launched

@@ -1,4 +1,4 @@
-"""The GAN's losses, a parameter of the step: the tutorial's BCE pair today, others beside it.
+"""The GAN's losses, a parameter of the step: the tutorial's BCE pair and WGAN-GP beside it.
 
 A loss pair is two functions of the discriminator, its parameters and running statistics, and
 images:
@@ -7,18 +7,21 @@ images:
 * ``generator(discriminator, params, batch_stats, fake) -> (loss, (batch_stats, d_g_z2))``
 
 :func:`functional_gan.train.gan_step` differentiates the first with respect to D's parameters
-and the second with respect to ``fake``; the config's ``loss`` names the pair in :data:`LOSSES`.
+and the second with respect to ``fake``. The config's ``loss`` names an entry of :data:`LOSSES`,
+which builds the pair for a step (:func:`losses_for`): WGAN-GP's critic loss needs that step's
+random interpolation weights, so its pair is made per step.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from functional_gan.layers import bce_loss
-from functional_gan.models import Discriminator
+from functional_gan.models import Critic, Discriminator
 
 REAL_LABEL = 1.0  # floats, as the tutorial (long labels once broke it)
 FAKE_LABEL = 0.0
@@ -29,12 +32,11 @@ class GANLoss(NamedTuple):
     generator: Callable
 
 
-def discriminate(discriminator: Discriminator, params, batch_stats, images_NHWC):
-    """``netD(images)`` in training mode: (probabilities, updated running statistics)."""
-    probabilities, updates = discriminator.apply(
-        {"params": params, "batch_stats": batch_stats}, images_NHWC, mutable=["batch_stats"]
-    )
-    return probabilities, updates["batch_stats"]
+def discriminate(discriminator: Discriminator | Critic, params, batch_stats, images_NHWC):
+    """``netD(images)`` in training mode: (outputs, updated running statistics; ``{}`` for the critic, which has none)."""
+    variables = {"params": params, "batch_stats": batch_stats} if batch_stats else {"params": params}
+    outputs, updates = discriminator.apply(variables, images_NHWC, mutable=["batch_stats"])
+    return outputs, updates.get("batch_stats", {})
 
 
 def bce_discriminator_loss(discriminator: Discriminator, params, batch_stats, real_NHWC, fake_NHWC, detach: bool = True):
@@ -63,4 +65,68 @@ def bce_generator_loss(discriminator: Discriminator, params, batch_stats, fake_N
 
 
 BCE = GANLoss(bce_discriminator_loss, bce_generator_loss)
-LOSSES: dict[str, GANLoss] = {"bce": BCE}
+
+
+def gradient_penalty(critic_fn: Callable, x_hat_NHWC: jax.Array) -> jax.Array:
+    """WGAN-GP's penalty ``mean((‖∇_x̂ critic(x̂)‖₂ − 1)²)``, one gradient per image.
+
+    ``jax.grad`` of the summed scores gives every image's input gradient at once (an image's score
+    depends on that image only: the critic has no BatchNorm). Differentiating this penalty with
+    respect to the critic's parameters is ``jax.grad`` of a ``jax.grad``: second order, through
+    the convolutions' own VJPs. PyTorch: ``torch.autograd.grad(scores, x_hat,
+    grad_outputs=torch.ones_like(scores), create_graph=True)``, which must keep the graph of the
+    gradient to differentiate it again; here nothing has to be kept or asked for.
+    """
+    gradients = jax.grad(lambda x: jnp.sum(critic_fn(x)))(x_hat_NHWC)
+    norms = jnp.linalg.norm(gradients.reshape(gradients.shape[0], -1), axis=1)  # gradients.view(N, -1).norm(2, dim=1)
+    return jnp.mean((norms - 1.0) ** 2)
+
+
+def wgan_gp_critic_loss(critic: Critic, params, batch_stats, real_NHWC, fake_NHWC, mix_N, gp_weight: float,
+                        detach: bool = True):
+    """The critic's loss ``C(G(z)) − C(x) + λ·GP`` (means over the batch) of Gulrajani et al., Algorithm 1.
+
+    ``x̂ = ε·x + (1 − ε)·G(z)`` with ``ε = mix_N`` ~ U(0, 1) per image. Returns (loss, (batch_stats,
+    mean C(x), mean C(G(z)))). ``detach`` as in :func:`bce_discriminator_loss`: ``stop_gradient``
+    where PyTorch writes ``fake.detach()``.
+    """
+    fake = jax.lax.stop_gradient(fake_NHWC) if detach else fake_NHWC  # PyTorch: fake.detach()
+    scores_real, batch_stats = discriminate(critic, params, batch_stats, real_NHWC)
+    scores_fake, batch_stats = discriminate(critic, params, batch_stats, fake)
+    eps = mix_N.reshape(-1, 1, 1, 1).astype(real_NHWC.dtype)
+    x_hat = eps * real_NHWC + (1 - eps) * fake
+    penalty = gradient_penalty(lambda x: discriminate(critic, params, batch_stats, x)[0], x_hat)
+    loss = scores_fake.mean() - scores_real.mean() + gp_weight * penalty
+    return loss, (batch_stats, scores_real.mean(), scores_fake.mean())
+
+
+def wgan_generator_loss(critic: Critic, params, batch_stats, fake_NHWC):
+    """The generator's loss ``−C(G(z))`` (mean); returns (loss, (batch_stats, mean C(G(z))))."""
+    scores, batch_stats = discriminate(critic, params, batch_stats, fake_NHWC)
+    return -scores.mean(), (batch_stats, scores.mean())
+
+
+class LossSpec(NamedTuple):
+    """An entry of :data:`LOSSES`: how to build the pair for a step, and which discriminator it needs."""
+
+    build: Callable  # (config, mix_N or None) -> GANLoss
+    critic: bool  # True: the critic (no BatchNorm, no sigmoid) instead of the tutorial's Discriminator
+    summary: str
+
+
+def _build_wgan_gp(config, mix_N) -> GANLoss:
+    if mix_N is None:
+        raise ValueError("the wgan-gp loss needs the step's interpolation weights (mix_N, one U(0, 1) per image)")
+    return GANLoss(functools.partial(wgan_gp_critic_loss, mix_N=mix_N, gp_weight=config.gp_weight), wgan_generator_loss)
+
+
+LOSSES: dict[str, LossSpec] = {
+    "bce": LossSpec(lambda config, mix_N: BCE, False, "the tutorial's BCELoss pair, Discriminator with BatchNorm and Sigmoid"),
+    "wgan-gp": LossSpec(_build_wgan_gp, True,
+                        "Wasserstein loss with gradient penalty (Gulrajani et al. 2017), critic without BatchNorm or Sigmoid"),
+}
+
+
+def losses_for(config, mix_N: jax.Array | None = None) -> GANLoss:
+    """The loss pair ``config.loss`` names, for a step whose interpolation weights are ``mix_N`` (WGAN-GP only)."""
+    return LOSSES[config.loss].build(config, mix_N)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from functional_gan.config import TUTORIAL, TrainConfig
+from functional_gan.config import LOSS_DEFAULTS, TUTORIAL, TrainConfig, config_for_loss
 from functional_gan.errors import UserError
 
 class _FORMATTER(argparse.ArgumentDefaultsHelpFormatter):
@@ -48,8 +48,21 @@ def _add_train_parser(subparsers) -> None:
     p.add_argument("--nz", type=int, default=TUTORIAL.nz, help="size of the latent vector")
     p.add_argument("--ngf", type=int, default=TUTORIAL.ngf, help="generator width")
     p.add_argument("--ndf", type=int, default=TUTORIAL.ndf, help="discriminator width")
-    _optimizer_flags(p)
-    p.add_argument("--loss", default=TUTORIAL.loss, help="the GAN losses: 'bce' (the tutorial's BCELoss)")
+    wgan = LOSS_DEFAULTS["wgan-gp"]
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"Adam's learning rate (default: {TUTORIAL.lr:g}; wgan-gp: {wgan['lr']:g})")
+    p.add_argument("--beta1", type=float, default=None,
+                   help=f"Adam's beta1 (default: {TUTORIAL.beta1:g}; wgan-gp: {wgan['beta1']:g})")
+    p.add_argument("--beta2", type=float, default=None,
+                   help=f"Adam's beta2 (default: PyTorch's {TUTORIAL.beta2:g}, which the tutorial keeps; wgan-gp: {wgan['beta2']:g})")
+    p.add_argument("--loss", default=TUTORIAL.loss, choices=tuple(LOSS_DEFAULTS),
+                   help="the GAN losses: 'bce' (the tutorial's BCELoss, Discriminator with BatchNorm and Sigmoid) or "
+                   "'wgan-gp' (Wasserstein loss with gradient penalty, Gulrajani et al. 2017: a critic without "
+                   "BatchNorm or Sigmoid; its own defaults for --lr, --beta1, --beta2, --n-critic)")
+    p.add_argument("--n-critic", type=int, default=None,
+                   help=f"D (critic) updates per G update (default: {TUTORIAL.n_critic}; wgan-gp: {wgan['n_critic']})")
+    p.add_argument("--gp-weight", type=float, default=None,
+                   help=f"wgan-gp: the gradient penalty's weight λ (default: {wgan['gp_weight']:g})")
     p.add_argument("--seed", type=int, default=TUTORIAL.seed, help="the run's one root seed (weights, noise, data order)")
     p.add_argument("--devices", type=int, default=None,
                    help="data parallelism: shard each batch over this many local devices (default: all of them; "
@@ -83,10 +96,11 @@ def _run_train(args) -> int:
         args.num_processes if args.num_processes is not None else environment[1],
         args.process_id if args.process_id is not None else environment[2],
     )
-    config = TrainConfig(
-        data=args.data, batch_size=args.batch_size, image_size=args.image_size,
+    config = config_for_loss(
+        args.loss, data=args.data, batch_size=args.batch_size, image_size=args.image_size,
         nc=args.nc if args.nc is not None else default_channels(args.data), nz=args.nz, ngf=args.ngf, ndf=args.ndf,
-        lr=args.lr, beta1=args.beta1, beta2=args.beta2, loss=args.loss, epochs=args.epochs, steps=args.steps,
+        lr=args.lr, beta1=args.beta1, beta2=args.beta2, n_critic=args.n_critic, gp_weight=args.gp_weight,
+        epochs=args.epochs, steps=args.steps,
         seed=args.seed, log_every=args.log_every, sample_every=args.sample_every, checkpoint_every=args.checkpoint_every,
         devices=args.devices,
     ).validate()

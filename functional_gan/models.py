@@ -97,6 +97,36 @@ class Discriminator(nn.Module):
         return jax.nn.sigmoid(x).reshape(-1)  # output.view(-1)
 
 
+class Critic(nn.Module):
+    """The WGAN-GP critic: the tutorial's Discriminator without BatchNorm and without the Sigmoid.
+
+    Gulrajani et al. (2017, "Improved Training of Wasserstein GANs", section 4) drop batch
+    normalization from the critic because the gradient penalty is taken per input, and batch
+    normalization makes each output depend on the whole batch. Without BatchNorm to absorb them,
+    the convolutions carry biases. The output is an unbounded score per image (N,), not a probability.
+
+    PyTorch: :class:`functional_gan.pytorch.wgan_gp.Critic`, ``nn.Sequential`` of Conv2d and
+    LeakyReLU(0.2); parameters are named ``main_N`` after the index N in that Sequential
+    (convolutions at 0, 2, 4, ...).
+    """
+
+    ndf: int
+    nc: int
+    image_size: int
+    use_running_average: bool = False  # no BatchNorm: accepted for a uniform interface, changes nothing
+
+    @nn.compact
+    def __call__(self, images_NHWC):
+        n_down = num_stride2_blocks(self.image_size)
+        channels = [self.ndf * 2 ** i for i in range(n_down)]
+        x = images_NHWC
+        for i in range(n_down):
+            x = Conv2d(channels[i - 1] if i else self.nc, channels[i], 4, 2, 1, bias=True, name=f"main_{2 * i}")(x)
+            x = leaky_relu(x)
+        x = Conv2d(channels[-1], 1, 4, 1, 0, bias=True, name=f"main_{2 * n_down}")(x)
+        return x.reshape(-1)  # output.view(-1): scores, no sigmoid
+
+
 def count_params(params) -> int:
     """Total number of parameters (what ``sum(p.numel() for p in model.parameters())`` gives)."""
     return sum(int(leaf.size) for leaf in jax.tree_util.tree_leaves(params))

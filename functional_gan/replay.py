@@ -98,6 +98,7 @@ def replay(
     noise_NCHW: np.ndarray,
     dtype: str = "float32",
     optimizer: TrainConfig = TUTORIAL,
+    mix: np.ndarray | None = None,
 ) -> ReplayResult:
     """Run the tutorial's iterations in JAX on PyTorch's data and noise (NCHW, as PyTorch holds them).
 
@@ -106,7 +107,9 @@ def replay(
       real_NCHW: (steps, batch, nc, H, W) real images in [−1, 1], one batch per iteration.
       noise_NCHW: (steps, batch, nz, 1, 1), the ``torch.randn`` noise of each iteration.
       dtype: "float32" or "float64" (float64 turns on ``jax_enable_x64`` for the replay only).
-      optimizer: a config holding Adam's settings (lr, beta1, beta2) of the run being replayed.
+      optimizer: a config holding Adam's settings (lr, beta1, beta2) of the run being replayed, and
+        its loss (``loss``, ``n_critic``, ``gp_weight``); the widths are read off the state_dicts.
+      mix: (steps, batch) WGAN-GP's interpolation weights ``alpha`` of each iteration (that loss only).
 
     Returns:
       Per-step metrics and the final state_dicts (float arrays in ``dtype``, counters int64).
@@ -116,6 +119,11 @@ def replay(
     real_NCHW, noise_NCHW = np.asarray(real_NCHW), np.asarray(noise_NCHW)
     config = config_from_state_dicts(generator_sd, discriminator_sd, real_NCHW.shape[1] if real_NCHW.ndim == 5 else 1, optimizer)
     check_batches(real_NCHW, noise_NCHW, config)
+    if (config.loss == "wgan-gp") != (mix is not None):
+        raise ReplayInputError("'mix' (WGAN-GP's interpolation weights, (steps, batch)) is needed by the wgan-gp loss "
+                               f"and only by it; the loss is {config.loss!r}")
+    if mix is not None and np.shape(mix) != real_NCHW.shape[:2]:
+        raise ReplayInputError(f"'mix' has shape {np.shape(mix)}, expected (steps, batch) = {real_NCHW.shape[:2]}")
     with jax.enable_x64(dtype == "float64"):
         jdtype = jnp.float64 if dtype == "float64" else jnp.float32
         state = state_from_state_dicts(config, generator_sd, discriminator_sd, jdtype)
@@ -124,7 +132,7 @@ def replay(
         for t in range(real_NCHW.shape[0]):
             real = jnp.asarray(real_NCHW[t].transpose(0, 2, 3, 1), jdtype)
             noise = jnp.asarray(noise_NCHW[t, :, :, 0, 0], jdtype)
-            state, m = step(state, real, noise)
+            state, m = step(state, real, noise, None if mix is None else jnp.asarray(mix[t], jdtype))
             metrics.append(m)
         metrics = jax.device_get(metrics)
         result = ReplayResult(

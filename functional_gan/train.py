@@ -16,9 +16,9 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from functional_gan.config import ConfigError, TrainConfig
-from functional_gan.losses import LOSSES, GANLoss
+from functional_gan.losses import LOSSES, GANLoss, losses_for
 from functional_gan.metrics import StepMetrics
-from functional_gan.models import Discriminator, Generator
+from functional_gan.models import Critic, Discriminator, Generator
 
 
 @flax.struct.dataclass
@@ -38,12 +38,15 @@ class GANState:
     discriminator_opt_state: Any
 
 
-def make_models(config: TrainConfig, use_running_average: bool = False) -> tuple[Generator, Discriminator]:
-    """The tutorial's ``netG`` and ``netD`` at the config's sizes (the one place models are built from settings)."""
+def make_models(config: TrainConfig, use_running_average: bool = False) -> tuple[Generator, Discriminator | Critic]:
+    """The tutorial's ``netG`` and ``netD`` at the config's sizes (the one place models are built from settings).
+
+    A loss that needs a critic (``wgan-gp``) gets :class:`~functional_gan.models.Critic` for ``netD``.
+    """
     generator = Generator(
         nz=config.nz, ngf=config.ngf, nc=config.nc, image_size=config.image_size, use_running_average=use_running_average
     )
-    discriminator = Discriminator(
+    discriminator = (Critic if LOSSES[config.loss].critic else Discriminator)(
         ndf=config.ndf, nc=config.nc, image_size=config.image_size, use_running_average=use_running_average
     )
     return generator, discriminator
@@ -55,7 +58,7 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
 
 
 # Independent streams of the run's one root key, each reached by ``fold_in``.
-_INIT_STREAM, _FIXED_NOISE_STREAM, _STEP_NOISE_STREAM = 0, 1, 2
+_INIT_STREAM, _FIXED_NOISE_STREAM, _STEP_NOISE_STREAM, _STEP_MIX_STREAM = 0, 1, 2, 3
 
 
 def root_key(config: TrainConfig, stream: int) -> jax.Array:
@@ -80,7 +83,7 @@ def state_from_variables(config: TrainConfig, generator_vars, discriminator_vars
         generator_params=generator_vars["params"],
         generator_batch_stats=generator_vars["batch_stats"],
         discriminator_params=discriminator_vars["params"],
-        discriminator_batch_stats=discriminator_vars["batch_stats"],
+        discriminator_batch_stats=discriminator_vars.get("batch_stats", {}),  # the critic has none
         generator_opt_state=optimizer.init(generator_vars["params"]),
         discriminator_opt_state=optimizer.init(discriminator_vars["params"]),
     )
@@ -89,6 +92,13 @@ def state_from_variables(config: TrainConfig, generator_vars, discriminator_vars
 def step_noise(config: TrainConfig, step: jax.Array, batch_size: int, dtype=jnp.float32) -> jax.Array:
     """The noise of iteration ``step``: ``fold_in(root, step)``, so a resumed run draws the same noise."""
     return jax.random.normal(jax.random.fold_in(root_key(config, _STEP_NOISE_STREAM), step), (batch_size, config.nz), dtype)
+
+
+def step_mix(config: TrainConfig, step: jax.Array, batch_size: int, dtype=jnp.float32) -> jax.Array | None:
+    """WGAN-GP's interpolation weights ε ~ U(0, 1) of iteration ``step``, one per image (None for other losses)."""
+    if config.loss != "wgan-gp":
+        return None
+    return jax.random.uniform(jax.random.fold_in(root_key(config, _STEP_MIX_STREAM), step), (batch_size,), dtype)
 
 
 FIXED_NOISE_ROWS = 64  # the tutorial's fixed_noise = torch.randn(64, nz, 1, 1)
@@ -110,12 +120,14 @@ def fixed_noise(config: TrainConfig, num: int = FIXED_NOISE_ROWS) -> jax.Array:
 
 
 def gan_step(
-    config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_NZ: jax.Array, losses: GANLoss | None = None
+    config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_NZ: jax.Array, losses: GANLoss | None = None,
+    mix_N: jax.Array | None = None,
 ) -> tuple[GANState, StepMetrics]:
     """One iteration of the tutorial's loop, as a pure function of the state, the batch and the noise.
 
     PyTorch: the body of the tutorial's ``for i, data in enumerate(dataloader)`` loop. ``losses``
-    (default: the pair the config names, the tutorial's BCE) supplies D's and G's losses.
+    (default: the pair the config names, the tutorial's BCE) supplies D's and G's losses;
+    ``mix_N`` are WGAN-GP's interpolation weights (one per image; that loss only).
 
     PyTorch                                      here
     ------------------------------------------   ------------------------------------------------
@@ -130,10 +142,15 @@ def gan_step(
     ``fake`` is computed once and G's VJP is reused, as PyTorch reuses the graph it kept alive
     because of ``detach()``. D's running statistics update three times (real, detached fake, fake
     through the updated D) and G's once, as in PyTorch.
+
+    With ``config.n_critic = k > 1`` (WGAN-GP's 5) D updates every iteration and G only every k-th
+    (when ``(step + 1) % k == 0``), as ``if i % n_critic == 0: update G`` loops do; ``errG`` is still
+    computed every iteration for the log, and on the other iterations nothing of G (nor the
+    running statistics of that pass through D) changes: a ``lax.cond`` inside the one program.
     """
     generator, discriminator = make_models(config)
     optimizer = make_optimizer(config)
-    losses = losses or LOSSES[config.loss]
+    losses = losses or losses_for(config, mix_N)
 
     def generate(generator_params):
         fake, updates = generator.apply(
@@ -153,12 +170,24 @@ def gan_step(
     discriminator_params = optax.apply_updates(state.discriminator_params, updates)
 
     # (2) Update G: maximize log(D(G(z))), through the updated D, on the same `fake`.
-    (loss_g, (discriminator_batch_stats, d_g_z2)), fake_cotangent = jax.value_and_grad(
+    (loss_g, (stats_after_g_pass, d_g_z2)), fake_cotangent = jax.value_and_grad(
         losses.generator, argnums=3, has_aux=True
     )(discriminator, discriminator_params, discriminator_batch_stats, fake)
-    (generator_grads,) = generator_vjp(fake_cotangent)
-    updates, generator_opt_state = optimizer.update(generator_grads, state.generator_opt_state, state.generator_params)
-    generator_params = optax.apply_updates(state.generator_params, updates)
+
+    def update_generator(_):
+        (generator_grads,) = generator_vjp(fake_cotangent)
+        updates, opt_state = optimizer.update(generator_grads, state.generator_opt_state, state.generator_params)
+        return optax.apply_updates(state.generator_params, updates), opt_state, stats_after_g_pass
+
+    def keep_generator(_):
+        return state.generator_params, state.generator_opt_state, discriminator_batch_stats
+
+    if config.n_critic == 1:
+        generator_params, generator_opt_state, discriminator_batch_stats = update_generator(None)
+    else:
+        generator_params, generator_opt_state, discriminator_batch_stats = jax.lax.cond(
+            (state.step + 1) % config.n_critic == 0, update_generator, keep_generator, None
+        )
 
     new_state = GANState(
         step=state.step + 1,
@@ -221,7 +250,8 @@ def make_train_step(config: TrainConfig, mesh: Mesh | None = None):
 
     def train_step(state: GANState, real_NHWC: jax.Array):
         noise = step_noise(config, state.step, real_NHWC.shape[0], real_NHWC.dtype)
-        return gan_step(config, state, real_NHWC, noise)
+        mix = step_mix(config, state.step, real_NHWC.shape[0], real_NHWC.dtype)
+        return gan_step(config, state, real_NHWC, noise, mix_N=mix)
 
     donate = (0,) if jax.default_backend() != "cpu" else ()
     if mesh is None:
@@ -235,11 +265,11 @@ def make_train_step(config: TrainConfig, mesh: Mesh | None = None):
 
 
 def make_gan_step(config: TrainConfig):
-    """``gan_step`` jitted with the noise as an argument: ``step(state, real_NHWC, noise_NZ)``.
+    """``gan_step`` jitted with the noise as an argument: ``step(state, real_NHWC, noise_NZ, mix_N=None)``.
 
-    For replaying a PyTorch run, whose noise comes from ``torch.randn``.
+    For replaying a PyTorch run, whose noise (and WGAN-GP's ε) comes from ``torch.randn`` (``torch.rand``).
     """
-    return jax.jit(lambda state, real_NHWC, noise_NZ: gan_step(config, state, real_NHWC, noise_NZ))
+    return jax.jit(lambda state, real_NHWC, noise_NZ, mix_N=None: gan_step(config, state, real_NHWC, noise_NZ, mix_N=mix_N))
 
 
 def make_sampler(config: TrainConfig, use_running_average: bool = False):

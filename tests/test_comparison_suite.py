@@ -29,6 +29,7 @@ def _result(suite, prefix):
         "linear regression, float32",
         "DCGAN float64 trajectory, small widths, 100 steps",
         "DCGAN float64 trajectory, the tutorial's widths",
+        "WGAN-GP float64 trajectory, small widths, 30 steps",
         "float32 teacher forcing, 50 steps",
         "float64 trajectory vs recorded",
     ],
