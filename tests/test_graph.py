@@ -32,3 +32,20 @@ def test_cli_writes_dot_files(tmp_path, capsys):
     assert main(["graph", "detach", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "detach_jax_loss.dot").read_text().startswith("digraph")
     assert (tmp_path / "detach_torch_loss.dot").exists()
+
+
+def test_idiom_graphs_mark_each_cut_and_the_penalty_as_a_gradient_of_a_gradient():
+    graphs = pictures.idiom_graphs()
+
+    def inputs(dot):
+        return {line.split('label="')[1].split("\\n")[0]: "no gradient" in line for line in dot.splitlines() if "[shape=box" in line and line.strip().startswith("in")}
+
+    assert inputs(graphs["target_network_jax"]) == {"online": False, "target": True}  # the TD target is a label
+    assert inputs(graphs["straight_through_jax"]) == {"x (encoder output)": False}  # cut, yet x still gets the gradient
+    assert inputs(graphs["tbptt_jax"]) == {"W": False, "U": False} and "stop_gradient\\n(cut)" in graphs["tbptt_jax"]
+    assert graphs["simsiam_jax"].count("stop_gradient\\n(cut)") == 2  # one per branch of the symmetric loss
+    # No target node in PyTorch's graph: the TD target was computed under no_grad.
+    assert "online" in graphs["target_network_torch"] and 'label="target' not in graphs["target_network_torch"]
+    # The penalty's graph records backward nodes (create_graph=True); JAX's holds the conv's VJP as a function.
+    assert "ConvolutionBackwardBackward0" in graphs["gradient_penalty_torch"]
+    assert "custom_vjp_call[_conv_transpose2d]" in graphs["gradient_penalty_jax"]

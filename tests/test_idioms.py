@@ -47,6 +47,27 @@ def test_target_network_td_target_and_soft_update_match_numpy():
     np.testing.assert_allclose(updated, (1 - idioms.TAU) * d["target"] + idioms.TAU * d["online"], rtol=0, atol=TOLERANCE)
 
 
+def test_ema_of_a_generator_matches_a_numpy_loop_and_pytorch_refuses_the_update_outside_no_grad():
+    values = _sides("ema_generator")
+    w1, w2 = _assert_columns_equal(values, "EMA W1"), _assert_columns_equal(values, "EMA W2")
+    _assert_columns_equal(values, "the EMA generator's output, row 0")
+    d = idioms._ema_inputs()  # the same loop by hand in NumPy: SGD with the gradient of mean((tanh(z W1) W2 − t)²)
+    W1, W2 = d["W1"].copy(), d["W2"].copy()
+    E1, E2 = W1.copy(), W2.copy()
+    for _ in range(idioms.EMA_STEPS):
+        h = np.tanh(d["z"] @ W1)
+        residual = 2 * (h @ W2 - d["target"]) / d["target"].size
+        g2 = h.T @ residual
+        g1 = d["z"].T @ ((residual @ W2.T) * (1 - h ** 2))
+        W1, W2 = W1 - idioms.EMA_LR * g1, W2 - idioms.EMA_LR * g2
+        E1, E2 = idioms.EMA_DECAY * E1 + (1 - idioms.EMA_DECAY) * W1, idioms.EMA_DECAY * E2 + (1 - idioms.EMA_DECAY) * W2
+    np.testing.assert_allclose(w1, E1, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(w2, E2, rtol=0, atol=TOLERANCE)
+    assert values["PyTorch"]["the EMA copy requires grad"] is False
+    refused = values["PyTorch"]["in-place mul_ on a parameter outside no_grad"]
+    assert refused.type == "RuntimeError" and "leaf Variable that requires grad" in refused.message
+
+
 def test_simsiam_stop_gradient_gives_the_same_gradients_and_changes_them():
     values = _sides("simsiam")
     encoder = _assert_columns_equal(values, "d loss / d encoder")

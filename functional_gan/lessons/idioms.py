@@ -14,7 +14,7 @@ import optax
 
 from functional_gan import layers
 
-from .registry import register
+from .registry import Raised, register
 from .registry import value as _value
 
 
@@ -184,7 +184,7 @@ register(
 
 
 # --------------------------------------------------------------------------------------------
-# Target network and soft (Polyak) update; the EMA of a generator's weights
+# Target network and soft (Polyak) update
 # --------------------------------------------------------------------------------------------
 
 GAMMA, TAU = 0.9, 0.05
@@ -241,17 +241,124 @@ def jax_target_network() -> dict:
 
 register(
     "target_network",
-    "Target network and soft update (DQN-style TD target; the EMA of a generator's weights)",
+    "Target network and soft update (DQN-style TD target)",
     """
     A TD target `r + γ·max Q_target(s')` is a label, not something to differentiate: PyTorch
     computes it under `no_grad` (or `.detach()`s it), JAX wraps it in `stop_gradient`, or simply
     passes the target parameters as an argument that `jax.grad` does not differentiate. The soft
     update `target ← (1 − τ)·target + τ·online` is an in-place `mul_`/`add_` under `no_grad` in
-    PyTorch and a new value in JAX (`optax.incremental_update`, or a `tree_map`). The
-    exponential moving average of a generator's weights, a GAN habit, is the same update with
-    τ = 1 − decay. Gradients and updated targets agree to float64 rounding in all three columns.
+    PyTorch and a new value in JAX (`optax.incremental_update`, or a `tree_map`); the EMA of a
+    generator's weights (next lesson) is the same update with τ = 1 − decay. Gradients and
+    updated targets agree to float64 rounding in all three columns.
     """,
     {"PyTorch": torch_target_network, "torch.func": torch_func_target_network, "JAX": jax_target_network},
+)
+
+
+# --------------------------------------------------------------------------------------------
+# The EMA of a generator's weights
+# --------------------------------------------------------------------------------------------
+
+EMA_DECAY, EMA_LR, EMA_STEPS = 0.9, 0.1, 4
+
+
+def _ema_inputs():
+    rng = np.random.default_rng(7)
+    return {"W1": 0.5 * rng.normal(size=(3, 4)), "W2": 0.5 * rng.normal(size=(4, 2)),
+            "z": rng.normal(size=(6, 3)), "target": rng.normal(size=(6, 2))}
+
+
+def torch_ema_generator() -> dict:
+    import copy
+
+    import torch
+    from torch import nn
+
+    data = _ema_inputs()
+    net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.Tanh(), nn.Linear(4, 2, bias=False)).double()  # a tiny "generator"
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor(data["W1"].T))
+        net[2].weight.copy_(torch.tensor(data["W2"].T))
+    ema = copy.deepcopy(net).requires_grad_(False)  # the averaged copy: never trained, never differentiated
+    z, target = torch.tensor(data["z"]), torch.tensor(data["target"])
+    optimizer = torch.optim.SGD(net.parameters(), lr=EMA_LR)
+    for _ in range(EMA_STEPS):
+        optimizer.zero_grad()
+        ((net(z) - target) ** 2).mean().backward()
+        optimizer.step()
+        with torch.no_grad():  # ema ← decay·ema + (1 − decay)·net, in place
+            for p_ema, p in zip(ema.parameters(), net.parameters()):
+                p_ema.lerp_(p, 1 - EMA_DECAY)
+    try:  # the same in-place update on a trained parameter, outside no_grad
+        net[0].weight.mul_(EMA_DECAY)
+        outside = "no error"
+    except RuntimeError as error:
+        outside = Raised.of(error)
+    return {"EMA W1": _value(ema[0].weight.T), "EMA W2": _value(ema[2].weight.T),
+            "the EMA generator's output, row 0": _value(ema(z)[0]),
+            "the EMA copy requires grad": any(p.requires_grad for p in ema.parameters()),
+            "in-place mul_ on a parameter outside no_grad": outside}
+
+
+def torch_func_ema_generator() -> dict:
+    import torch
+    from torch import nn
+    from torch.func import functional_call, grad
+
+    data = _ema_inputs()
+    net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.Tanh(), nn.Linear(4, 2, bias=False)).double()
+    params = {"0.weight": torch.tensor(data["W1"].T), "2.weight": torch.tensor(data["W2"].T)}  # plain tensors
+    ema = dict(params)
+    z, target = torch.tensor(data["z"]), torch.tensor(data["target"])
+
+    def loss(params):
+        return ((functional_call(net, params, (z,)) - target) ** 2).mean()
+
+    for _ in range(EMA_STEPS):
+        grads = grad(loss)(params)
+        params = {k: params[k] - EMA_LR * grads[k] for k in params}
+        ema = {k: torch.lerp(ema[k], params[k], 1 - EMA_DECAY) for k in ema}  # new tensors, nothing in place
+    return {"EMA W1": _value(ema["0.weight"].T), "EMA W2": _value(ema["2.weight"].T),
+            "the EMA generator's output, row 0": _value(functional_call(net, ema, (z,))[0])}
+
+
+def jax_ema_generator() -> dict:
+    data = _ema_inputs()
+    with jax.enable_x64():
+        params = {"W1": jnp.asarray(data["W1"]), "W2": jnp.asarray(data["W2"])}
+        z, target = jnp.asarray(data["z"]), jnp.asarray(data["target"])
+
+        def generate(params, z):
+            return jnp.tanh(z @ params["W1"]) @ params["W2"]
+
+        def loss(params):
+            return jnp.mean((generate(params, z) - target) ** 2)
+
+        optimizer = optax.sgd(EMA_LR)
+        opt_state, ema = optimizer.init(params), params  # the EMA starts as the same values: nothing is shared or mutated
+        for _ in range(EMA_STEPS):
+            updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state)
+            params = optax.apply_updates(params, updates)
+            ema = optax.incremental_update(params, ema, step_size=1 - EMA_DECAY)  # (1 − decay)·params + decay·ema
+        return {"EMA W1": _value(ema["W1"]), "EMA W2": _value(ema["W2"]),
+                "the EMA generator's output, row 0": _value(generate(ema, z)[0])}
+
+
+register(
+    "ema_generator",
+    "The EMA of a generator's weights (a GAN habit): in-place lerp_ under no_grad vs optax.incremental_update",
+    """
+    GANs are often sampled from an exponential moving average of the generator's weights, updated
+    after each optimizer step: `ema ← decay·ema + (1 − decay)·params`. PyTorch keeps a
+    `deepcopy` with `requires_grad_(False)` and updates it in place (`lerp_`) under `no_grad`;
+    without `no_grad`, an in-place update of a parameter that requires grad is refused (the
+    in-place-leaf error of the basics). torch.func and JAX hold the weights as values: the
+    average is a new value each step (`torch.lerp`, `optax.incremental_update` or a `tree_map`),
+    and it can never receive a gradient because it is never an argument that is differentiated.
+    After 4 SGD steps (lr 0.1, decay 0.9) the averaged weights and the averaged generator's output
+    agree to float64 rounding in all three columns.
+    """,
+    {"PyTorch": torch_ema_generator, "torch.func": torch_func_ema_generator, "JAX": jax_ema_generator},
 )
 
 

@@ -1,4 +1,4 @@
-"""The pictures ``functional-gan graph`` draws: the notes' examples, the book's regression, the D step.
+"""The pictures ``functional-gan graph`` draws: the notes' examples, the book's regression, the D step, the idioms.
 
 Each set returns DOT sources by name; the PyTorch graphs are drawn when torch is installed.
 """
@@ -90,4 +90,104 @@ def d_step_graphs() -> dict[str, str]:
     return graphs
 
 
-GRAPH_SETS = {"detach": detach_example_graphs, "linreg": linreg_graphs, "dstep": d_step_graphs}
+def idiom_graphs() -> dict[str, str]:
+    """The cuts of the idioms lessons (straight-through, truncated BPTT, TD target, SimSiam) and
+    WGAN-GP's gradient of a gradient, each as a jaxpr and as PyTorch's autograd graph."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from functional_gan import layers
+
+    from . import idioms
+
+    graphs = {}
+    with jax.enable_x64():
+        st = idioms._inputs("straight_through")
+        q = jnp.asarray(st["codebook"][idioms._nearest(st["x"], st["codebook"])])
+        graphs["straight_through_jax"] = jaxpr_to_dot(
+            jax.make_jaxpr(lambda x: jnp.sum(jnp.sin(x + jax.lax.stop_gradient(q - x))))(jnp.asarray(st["x"])), ["x (encoder output)"],
+            "JAX: x + stop_gradient(q − x): forward q, backward the identity to x")
+
+        rnn = idioms._inputs("tbptt")
+        xs = jnp.asarray(rnn["xs"][:4])
+
+        def tbptt_loss(W, U):  # 4 steps, the hidden state cut after 2 (unrolled, so every step is drawn)
+            h = jnp.zeros(3)
+            total = 0.0
+            for t in range(4):
+                if t == 2:
+                    h = jax.lax.stop_gradient(h)  # repackage_hidden
+                h = jnp.tanh(W @ h + U @ xs[t])
+                total = total + jnp.sum(h ** 2)
+            return total
+
+        graphs["tbptt_jax"] = jaxpr_to_dot(jax.make_jaxpr(tbptt_loss)(jnp.asarray(rnn["W"]), jnp.asarray(rnn["U"])), ["W", "U"],
+                                           "JAX: 4 RNN steps, stop_gradient on the hidden state after 2: steps 3–4 send no gradient back into steps 1–2")
+        tn = idioms._inputs("target_network")
+        s_, s_next, r = (jnp.asarray(tn[k]) for k in ("s", "s_next", "r"))
+
+        def td_loss(online, target):
+            td_target = jax.lax.stop_gradient(r + idioms.GAMMA * jnp.max(s_next @ target, axis=1))
+            return jnp.mean((s_ @ online - td_target) ** 2)
+
+        graphs["target_network_jax"] = jaxpr_to_dot(jax.make_jaxpr(td_loss)(jnp.asarray(tn["online"]), jnp.asarray(tn["target"])),
+                                                     ["online", "target"], "JAX: the TD target under stop_gradient: target gets no gradient")
+        ss = idioms._inputs("simsiam")
+        x1, x2 = jnp.asarray(ss["x1"]), jnp.asarray(ss["x2"])
+
+        def simsiam_loss(f, h):
+            def cosine(a, b):
+                return jnp.sum(a * b, axis=1) / jnp.maximum(jnp.linalg.norm(a, axis=1) * jnp.linalg.norm(b, axis=1), 1e-8)
+
+            z1, z2 = x1 @ f, x2 @ f
+            p1, p2 = z1 @ h, z2 @ h
+            return -(cosine(p1, jax.lax.stop_gradient(z2)).mean() + cosine(p2, jax.lax.stop_gradient(z1)).mean()) / 2
+
+        graphs["simsiam_jax"] = jaxpr_to_dot(jax.make_jaxpr(simsiam_loss)(jnp.asarray(ss["f"]), jnp.asarray(ss["h"])),
+                                             ["encoder f", "predictor h"], "JAX: SimSiam's symmetric loss, stop_gradient on z")
+        gp = idioms._inputs("gradient_penalty")
+        real, fake, eps = (jnp.asarray(gp[k]).transpose(0, 2, 3, 1) for k in ("real", "fake", "eps"))
+        x_hat = eps * real + (1 - eps) * fake
+
+        def penalty(weight):
+            gradients = jax.grad(lambda x: jnp.sum(jnp.mean(jax.nn.leaky_relu(layers.conv2d(x, weight, 2, 1), 0.2), axis=(1, 2, 3))))(x_hat)
+            return jnp.mean((jnp.linalg.norm(gradients.reshape(gradients.shape[0], -1), axis=1) - 1) ** 2)
+
+        graphs["gradient_penalty_jax"] = jaxpr_to_dot(
+            jax.make_jaxpr(penalty)(jnp.asarray(gp["weight"])), ["critic weight"],
+            "JAX: the gradient penalty, jax.grad inside: the input gradient's program (conv VJP) is part of the function")
+    try:
+        import torch
+    except ImportError:
+        return graphs
+    import torch.nn.functional as F
+
+    x = torch.tensor(st["x"], requires_grad=True)
+    q_t = torch.tensor(np.asarray(q))
+    graphs["straight_through_torch"] = torch_graph_to_dot(torch.sin(x + (q_t - x).detach()).sum(), {"x": x},
+                                                          "PyTorch: x + (q − x).detach()")
+    W, U = torch.tensor(rnn["W"], requires_grad=True), torch.tensor(rnn["U"], requires_grad=True)
+    h, total = torch.zeros(3, dtype=torch.float64), 0.0
+    for t in range(4):
+        if t == 2:
+            h = h.detach()
+        h = torch.tanh(W @ h + U @ torch.tensor(rnn["xs"][t]))
+        total = total + (h ** 2).sum()
+    graphs["tbptt_torch"] = torch_graph_to_dot(total, {"W": W, "U": U}, "PyTorch: hidden.detach() after 2 of 4 steps")
+    online = torch.tensor(tn["online"], requires_grad=True)
+    target = torch.tensor(tn["target"], requires_grad=True)
+    with torch.no_grad():
+        td_target = torch.tensor(tn["r"]) + idioms.GAMMA * (torch.tensor(tn["s_next"]) @ target).max(dim=1).values
+    graphs["target_network_torch"] = torch_graph_to_dot(((torch.tensor(tn["s"]) @ online - td_target) ** 2).mean(),
+                                                        {"online": online, "target": target}, "PyTorch: TD target under no_grad")
+    weight = torch.tensor(gp["weight"], requires_grad=True)
+    xh = (torch.tensor(gp["eps"]) * torch.tensor(gp["real"]) + (1 - torch.tensor(gp["eps"])) * torch.tensor(gp["fake"])).requires_grad_(True)
+    critic = F.leaky_relu(F.conv2d(xh, weight, stride=2, padding=1), 0.2).mean(dim=(1, 2, 3))
+    (gradients,) = torch.autograd.grad(critic.sum(), xh, create_graph=True)
+    graphs["gradient_penalty_torch"] = torch_graph_to_dot(
+        ((gradients.flatten(1).norm(2, dim=1) - 1) ** 2).mean(), {"critic weight": weight},
+        "PyTorch: the penalty after autograd.grad(create_graph=True): backward nodes recorded in the graph")
+    return graphs
+
+
+GRAPH_SETS = {"detach": detach_example_graphs, "linreg": linreg_graphs, "dstep": d_step_graphs, "idioms": idiom_graphs}
