@@ -397,7 +397,8 @@ def export_checkpoint(
 def _write_figures(config, out: Path, dataset: ImageDataset, samples_NHWC: np.ndarray) -> None:
     records = _read_metrics(out / "metrics.jsonl")
     if records:
-        plots.save_loss_plot([r["loss_g"] for r in records], [r["loss_d"] for r in records], out / "loss.png")
+        wasserstein = [r["d_x"] - r["d_g_z1"] for r in records] if LOSSES[config.loss].critic else None
+        plots.save_loss_plot([r["loss_g"] for r in records], [r["loss_d"] for r in records], out / "loss.png", wasserstein)
     grids = sorted((out / "samples").glob("iter_*.png"))
     plots.save_progress_gif(grids, out / "progress.gif")
     real = dataset.batch(config.seed, 0, min(64, config.batch_size))

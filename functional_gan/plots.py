@@ -67,9 +67,17 @@ def save_line_plot(series: dict[str, np.ndarray], path: str | os.PathLike, title
     return path
 
 
-def save_loss_plot(loss_g: list[float], loss_d: list[float], path: str | os.PathLike) -> Path:
-    """The tutorial's "Generator and Discriminator Loss During Training" plot."""
-    return save_line_plot({"G": loss_g, "D": loss_d}, path, "Generator and Discriminator Loss During Training", "Loss")
+def save_loss_plot(loss_g: list[float], loss_d: list[float], path: str | os.PathLike,
+                   wasserstein: list[float] | None = None) -> Path:
+    """The tutorial's "Generator and Discriminator Loss During Training" plot.
+
+    ``wasserstein``: a WGAN critic's estimate C(x) − C(G(z)) per iteration, drawn too. A critic's
+    losses drift with the unidentified level of its scores; the estimate is the curve to read.
+    """
+    series = {"G": loss_g, "D": loss_d}
+    if wasserstein is not None:
+        series["W estimate, C(x) − C(G(z))"] = wasserstein
+    return save_line_plot(series, path, "Generator and Discriminator Loss During Training", "Loss")
 
 
 def save_progress_gif(grid_paths: list[Path], path: str | os.PathLike, frame_ms: int = 600) -> Path | None:

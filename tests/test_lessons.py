@@ -182,7 +182,25 @@ def test_torch_func_update_and_gan_step_agree_with_the_other_columns():
     assert func_side["netG parameters with a .grad afterwards"] == 0
 
 
-def test_every_lesson_has_a_torch_func_column_except_the_two_about_cost():
-    # `compiled` (FLOPs of the compiled program) and `no_grad_memory` (what is kept for backward) measure
-    # autograd and XLA themselves; torch.func runs on autograd and has no cost story of its own.
-    assert [name for name, lesson in LESSONS.items() if "torch.func" not in lesson.sides] == ["compiled", "no_grad_memory"]
+def test_every_lesson_has_a_torch_func_column_except_the_ones_about_cost():
+    # `compiled`, `compiled_wgan_gp` (FLOPs of the compiled program) and `no_grad_memory` (what is kept for
+    # backward) measure autograd and XLA themselves; torch.func runs on autograd and has no cost story of its own.
+    assert [name for name, lesson in LESSONS.items() if "torch.func" not in lesson.sides] == [
+        "compiled", "compiled_wgan_gp", "no_grad_memory"]
+
+
+def test_wgan_gp_compiled_cost_shows_the_penalty_and_the_cut():
+    jax_rows, torch_rows = gan.jax_wgan_gp_cost(gan.LESSON_GAN), gan.torch_wgan_gp_cost(gan.LESSON_GAN)
+    conv, flop = "convolutions in the optimised HLO", "GFLOP (XLA cost analysis)"
+    plain = jax_rows["grad wrt the critic, without the penalty"]
+    step = jax_rows["grad wrt the critic, with the penalty (the real step)"]
+    assert step[conv] > plain[conv] and step[flop] > 1.3 * plain[flop]  # the gradient of a gradient costs
+    assert jax_rows["grad wrt G and the critic, with the penalty, with stop_gradient"] == step  # G's backward removed
+    uncut = jax_rows["grad wrt G and the critic, with the penalty, without stop_gradient"]
+    assert uncut[conv] > step[conv] and uncut[flop] > step[flop]
+    calls, tflop = "aten convolution calls", "GFLOP (FlopCounterMode)"
+    no_penalty = torch_rows["critic step without the penalty, with detach()"]
+    penalty = torch_rows["critic step with the penalty, with detach()"]
+    no_detach = torch_rows["critic step with the penalty, without detach()"]
+    assert penalty[calls] > no_penalty[calls] and penalty[tflop] > 1.3 * no_penalty[tflop]
+    assert no_detach[calls] > penalty[calls] and no_detach[tflop] > penalty[tflop]

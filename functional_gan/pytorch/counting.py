@@ -25,12 +25,34 @@ class ConvolutionCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count(fn: Callable[[], object]) -> tuple[int, int]:
+class _GlobalOnly:
+    """Stands in for FlopCounterMode's ModuleTracker: every FLOP counted under "Global", no hooks installed.
+
+    The tracker hangs gradient hooks on module outputs, and those refuse ``torch.autograd.grad``
+    with respect to a leaf ("A leaf node was passed to _will_engine_execute_node ...", torch
+    2.13), which is how every WGAN-GP gradient penalty is written. Only the total is read here.
+    """
+
+    parents = ("Global",)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return False
+
+
+def count(fn: Callable[[], object], per_module: bool = True) -> tuple[int, int]:
     """Run ``fn()`` and return (FLOPs by ``FlopCounterMode``, aten convolution calls).
 
     FlopCounterMode's convention: 2 FLOPs per multiply-add, convolutions and matmuls only.
+    ``per_module=False`` counts without FlopCounterMode's module tracking (needed for
+    ``autograd.grad`` on a leaf tensor, as in a gradient penalty); the total is the same.
     """
-    with FlopCounterMode(display=False) as flops, ConvolutionCounter() as convolutions:
+    counter = FlopCounterMode(display=False)
+    if not per_module:
+        counter.mod_tracker = _GlobalOnly()
+    with counter as flops, ConvolutionCounter() as convolutions:
         fn()
     return int(flops.get_total_flops()), convolutions.count
 
