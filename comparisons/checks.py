@@ -51,8 +51,7 @@ def check_wgan_gp_trajectory(spec: TrainConfig, tolerance: float = 1e-10) -> Che
     mix = reference_runs.make_mix(spec)
     gaps = []
     for k in range(3):  # PyTorch against itself: the rows of each batch (images, noise, ε together) in another order
-        rng = np.random.default_rng(1000 + k)
-        order = np.stack([rng.permutation(spec.batch_size) for _ in range(spec.steps)])
+        order = permutation_orders(spec.steps, spec.batch_size, 1000 + k)
         permuted = (*permuted_batches(real, noise, 1000 + k), np.take_along_axis(mix, order, axis=1))
         other = reference_runs.run_wgan_gp(spec, "float64", batches=permuted)
         gaps.append(max(float(_per_step_metric_gap(other.metrics, run.metrics).max()),
@@ -205,10 +204,15 @@ def permuted_batches(real: np.ndarray, noise: np.ndarray, seed: int) -> tuple[np
     The same mathematics: BatchNorm's statistics and the losses are means over the batch, so only
     the order of summation changes; the difference it makes is PyTorch's own rounding noise.
     """
-    rng = np.random.default_rng(seed)
-    order = np.stack([rng.permutation(real.shape[1]) for _ in range(real.shape[0])])
+    order = permutation_orders(real.shape[0], real.shape[1], seed)
     return (np.take_along_axis(real, order[:, :, None, None, None], axis=1),
             np.take_along_axis(noise, order[:, :, None, None, None], axis=1))
+
+
+def permutation_orders(steps: int, batch: int, seed: int) -> np.ndarray:
+    """(steps, batch): a random order of each step's rows, from ``default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.permutation(batch) for _ in range(steps)])
 
 
 def _per_step_metric_gap(a: dict, b: dict) -> np.ndarray:

@@ -230,11 +230,11 @@ def wgan_gp_critic_loss_fn(config: TrainConfig):
         fake, _ = generator.apply(
             {"params": generator_params, "batch_stats": variables_g["batch_stats"]}, noise, mutable=["batch_stats"]
         )
-        value, _ = losses.wgan_gp_critic_loss(critic, critic_params, {}, real, fake, mix, config.gp_weight if penalty else 0.0, detach)
-        if not penalty:  # the Wasserstein term alone (λ = 0 still computes the penalty: 0·x is not folded away for floats)
-            fake_input = jax.lax.stop_gradient(fake) if detach else fake
-            value = critic.apply({"params": critic_params}, fake_input).mean() - critic.apply({"params": critic_params}, real).mean()
-        return value
+        if penalty:
+            return losses.wgan_gp_critic_loss(critic, critic_params, {}, real, fake, mix, config.gp_weight, detach)[0]
+        # The Wasserstein term alone (λ = 0 would still compute the penalty: 0·x is not folded away for floats).
+        fake_input = jax.lax.stop_gradient(fake) if detach else fake
+        return critic.apply({"params": critic_params}, fake_input).mean() - critic.apply({"params": critic_params}, real).mean()
 
     return loss, variables_g["params"], variables_c["params"]
 
