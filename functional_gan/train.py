@@ -70,9 +70,10 @@ def init_state(config: TrainConfig, dtype=jnp.float32) -> GANState:
     """Fresh models with the tutorial's ``weights_init`` and fresh Adam states."""
     generator, discriminator = make_models(config)
     key_g, key_d = jax.random.split(root_key(config, _INIT_STREAM))
-    z = jnp.zeros((2, config.nz), dtype)
-    images = jnp.zeros((2, config.image_size, config.image_size, config.nc), dtype)
-    return state_from_variables(config, generator.init(key_g, z), discriminator.init(key_d, images))
+    # lazy_init: the same initializers on the same keys as init (the same values), without running the forward pass.
+    z = jax.ShapeDtypeStruct((2, config.nz), dtype)
+    images = jax.ShapeDtypeStruct((2, config.image_size, config.image_size, config.nc), dtype)
+    return state_from_variables(config, generator.lazy_init(key_g, z), discriminator.lazy_init(key_d, images))
 
 
 def state_from_variables(config: TrainConfig, generator_vars, discriminator_vars) -> GANState:
