@@ -163,7 +163,8 @@ def _add_export_parser(subparsers) -> None:
     )
     p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/ folder")
     p.add_argument("--generator", metavar="FILE", help="write netG's state_dict here")
-    p.add_argument("--discriminator", metavar="FILE", help="write netD's state_dict here")
+    p.add_argument("--discriminator", metavar="FILE",
+                   help="write netD's state_dict here (a --loss wgan-gp run's critic: for functional_gan.pytorch.wgan_gp.Critic)")
     p.set_defaults(handler=_run_export)
 
 
