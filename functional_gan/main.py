@@ -30,6 +30,31 @@ def _optimizer_flags(p) -> None:
     p.add_argument("--beta2", type=float, default=TUTORIAL.beta2, help="Adam's beta2 (PyTorch's default; the tutorial keeps it)")
 
 
+def _loss_flags(p) -> None:
+    """--loss and the settings whose defaults depend on it (resolved by ``config_for_loss``)."""
+    wgan = LOSS_DEFAULTS["wgan-gp"]
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"Adam's learning rate (default: {TUTORIAL.lr:g}; wgan-gp: {wgan['lr']:g})")
+    p.add_argument("--beta1", type=float, default=None,
+                   help=f"Adam's beta1 (default: {TUTORIAL.beta1:g}; wgan-gp: {wgan['beta1']:g})")
+    p.add_argument("--beta2", type=float, default=None,
+                   help=f"Adam's beta2 (default: PyTorch's {TUTORIAL.beta2:g}, which the tutorial keeps; wgan-gp: {wgan['beta2']:g})")
+    p.add_argument("--loss", default=TUTORIAL.loss, choices=tuple(LOSS_DEFAULTS),
+                   help="the GAN losses: 'bce' (the tutorial's BCELoss, Discriminator with BatchNorm and Sigmoid) or "
+                   "'wgan-gp' (Wasserstein loss with gradient penalty, Gulrajani et al. 2017: a critic without "
+                   "BatchNorm or Sigmoid; its own defaults for --lr, --beta1, --beta2, --n-critic)")
+    p.add_argument("--n-critic", type=int, default=None,
+                   help=f"D (critic) updates per G update (default: {TUTORIAL.n_critic}; wgan-gp: {wgan['n_critic']})")
+    p.add_argument("--gp-weight", type=float, default=None,
+                   help=f"wgan-gp: the gradient penalty's weight λ (default: {wgan['gp_weight']:g})")
+
+
+def _loss_config(args, **settings) -> TrainConfig:
+    """The config the --loss flags describe (and ``settings``), validated."""
+    return config_for_loss(args.loss, lr=args.lr, beta1=args.beta1, beta2=args.beta2, n_critic=args.n_critic,
+                           gp_weight=args.gp_weight, **settings).validate()
+
+
 def _add_train_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
@@ -48,21 +73,7 @@ def _add_train_parser(subparsers) -> None:
     p.add_argument("--nz", type=int, default=TUTORIAL.nz, help="size of the latent vector")
     p.add_argument("--ngf", type=int, default=TUTORIAL.ngf, help="generator width")
     p.add_argument("--ndf", type=int, default=TUTORIAL.ndf, help="discriminator width")
-    wgan = LOSS_DEFAULTS["wgan-gp"]
-    p.add_argument("--lr", type=float, default=None,
-                   help=f"Adam's learning rate (default: {TUTORIAL.lr:g}; wgan-gp: {wgan['lr']:g})")
-    p.add_argument("--beta1", type=float, default=None,
-                   help=f"Adam's beta1 (default: {TUTORIAL.beta1:g}; wgan-gp: {wgan['beta1']:g})")
-    p.add_argument("--beta2", type=float, default=None,
-                   help=f"Adam's beta2 (default: PyTorch's {TUTORIAL.beta2:g}, which the tutorial keeps; wgan-gp: {wgan['beta2']:g})")
-    p.add_argument("--loss", default=TUTORIAL.loss, choices=tuple(LOSS_DEFAULTS),
-                   help="the GAN losses: 'bce' (the tutorial's BCELoss, Discriminator with BatchNorm and Sigmoid) or "
-                   "'wgan-gp' (Wasserstein loss with gradient penalty, Gulrajani et al. 2017: a critic without "
-                   "BatchNorm or Sigmoid; its own defaults for --lr, --beta1, --beta2, --n-critic)")
-    p.add_argument("--n-critic", type=int, default=None,
-                   help=f"D (critic) updates per G update (default: {TUTORIAL.n_critic}; wgan-gp: {wgan['n_critic']})")
-    p.add_argument("--gp-weight", type=float, default=None,
-                   help=f"wgan-gp: the gradient penalty's weight λ (default: {wgan['gp_weight']:g})")
+    _loss_flags(p)
     p.add_argument("--seed", type=int, default=TUTORIAL.seed, help="the run's one root seed (weights, noise, data order)")
     p.add_argument("--devices", type=int, default=None,
                    help="data parallelism: shard each batch over this many local devices (default: all of them; "
@@ -96,14 +107,13 @@ def _run_train(args) -> int:
         args.num_processes if args.num_processes is not None else environment[1],
         args.process_id if args.process_id is not None else environment[2],
     )
-    config = config_for_loss(
-        args.loss, data=args.data, batch_size=args.batch_size, image_size=args.image_size,
+    config = _loss_config(
+        args, data=args.data, batch_size=args.batch_size, image_size=args.image_size,
         nc=args.nc if args.nc is not None else default_channels(args.data), nz=args.nz, ngf=args.ngf, ndf=args.ndf,
-        lr=args.lr, beta1=args.beta1, beta2=args.beta2, n_critic=args.n_critic, gp_weight=args.gp_weight,
         epochs=args.epochs, steps=args.steps,
         seed=args.seed, log_every=args.log_every, sample_every=args.sample_every, checkpoint_every=args.checkpoint_every,
         devices=args.devices,
-    ).validate()
+    )
     result = train(config, args.out, progress=not args.no_progress, init_generator=args.init_generator,
                    init_discriminator=args.init_discriminator)
     if not distributed.is_primary():
@@ -276,17 +286,18 @@ def _run_graph(args) -> int:
 
 def _add_replay_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "replay", help="replay a PyTorch DCGAN run step by step in JAX (state_dicts + the run's batches)",
+        "replay", help="replay a PyTorch DCGAN (or WGAN-GP) run step by step in JAX (state_dicts + the run's batches)",
         description="Reads the tutorial models' state_dicts (.pt/.pth via torch.load(weights_only=True), or "
         ".safetensors) and an .npz with 'real' (steps, batch, nc, H, W) and 'noise' (steps, batch, nz, 1, 1), "
-        "runs the tutorial's iterations in JAX and writes per-step metrics (loss_d, loss_g, d_x, d_g_z1, d_g_z2).",
+        "and for --loss wgan-gp 'mix' (steps, batch), the penalty's interpolation weights; "
+        "runs the iterations in JAX and writes per-step metrics (loss_d, loss_g, d_x, d_g_z1, d_g_z2).",
         formatter_class=_FORMATTER,
     )
     p.add_argument("--generator", required=True, help="netG state_dict file")
     p.add_argument("--discriminator", required=True, help="netD state_dict file")
-    p.add_argument("--batches", required=True, help=".npz with 'real' and 'noise', NCHW as in PyTorch")
+    p.add_argument("--batches", required=True, help=".npz with 'real' and 'noise' (and 'mix' for wgan-gp), NCHW as in PyTorch")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision of the replay")
-    _optimizer_flags(p)
+    _loss_flags(p)
     p.add_argument("--out", required=True, help=".npz file for the per-step metrics")
     p.add_argument("--out-generator", help="write the final netG state_dict here (.pt or .safetensors)")
     p.add_argument("--out-discriminator", help="write the final netD state_dict here (.pt or .safetensors)")
@@ -296,7 +307,7 @@ def _add_replay_parser(subparsers) -> None:
 def _run_replay(args) -> int:
     from functional_gan.replay import replay_files
 
-    optimizer = TrainConfig(lr=args.lr, beta1=args.beta1, beta2=args.beta2).validate()
+    optimizer = _loss_config(args)
     result = replay_files(args.generator, args.discriminator, args.batches, args.out, args.dtype, optimizer,
                           args.out_generator, args.out_discriminator)
     m, c = result.metrics, result.config

@@ -155,14 +155,16 @@ def replay_files(
     out_discriminator: str | os.PathLike | None = None,
 ) -> ReplayResult:
     """:func:`replay` on files: state_dicts (``.pt``/``.pth`` read weights-only, or ``.safetensors``) and an
-    ``.npz`` of batches; writes the per-step metrics (``.npz``) and, if asked, the final state_dicts.
+    ``.npz`` of batches (``real``, ``noise``, and ``mix`` when ``optimizer.loss`` is wgan-gp); writes the
+    per-step metrics (``.npz``) and, if asked, the final state_dicts.
 
     Everything is read and checked before anything is written.
     """
     generator_sd = convert.load_state_dict_file(generator)
     discriminator_sd = convert.load_state_dict_file(discriminator)
     real, noise = load_batches(batches)
-    result = replay(generator_sd, discriminator_sd, real, noise, dtype, optimizer)
+    mix = load_batches(batches, "mix")[0] if optimizer.loss == "wgan-gp" else None
+    result = replay(generator_sd, discriminator_sd, real, noise, dtype, optimizer, mix)
     save_metrics(result, out)
     if out_generator:
         convert.save_state_dict_file(result.generator_state_dict, out_generator)
@@ -171,17 +173,18 @@ def replay_files(
     return result
 
 
-def load_batches(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """``real`` and ``noise`` from an .npz file (no pickles: ``allow_pickle=False``)."""
+def load_batches(path: str | os.PathLike, *names: str) -> tuple[np.ndarray, ...]:
+    """The arrays ``names`` (default: ``real`` and ``noise``) from an .npz file (no pickles: ``allow_pickle=False``)."""
+    names = names or ("real", "noise")
     path = Path(path)
     if not path.is_file():
         raise ReplayInputError(f"batches file {str(path)!r} does not exist")
     try:
         with np.load(path, allow_pickle=False) as data:
-            missing = {"real", "noise"} - set(data.files)
+            missing = set(names) - set(data.files)
             if missing:
                 raise ReplayInputError(f"{str(path)!r} lacks {', '.join(sorted(missing))} (it has {', '.join(data.files)})")
-            return np.asarray(data["real"]), np.asarray(data["noise"])
+            return tuple(np.asarray(data[name]) for name in names)
     except ReplayInputError:
         raise
     except Exception as error:  # zipfile.BadZipFile, ValueError (object arrays) ...

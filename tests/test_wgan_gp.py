@@ -206,3 +206,28 @@ def test_cli_trains_wgan_gp_with_its_defaults_and_critic_stats_line(tmp_path, ca
     assert "Critic (wgan-gp)" in out and "C(x):" in out and "W:" in out
     assert main(["train", "--loss", "bce", "--gp-weight", "3", "--data", "fake", "--out", str(tmp_path / "x")]) == 2
     assert "--gp-weight" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_cli_replays_a_pytorch_wgan_gp_run_in_float64(tmp_path, capsys):
+    from functional_gan.comparisons import reference_runs
+    from functional_gan.comparisons.common import make_batches, make_mix
+
+    spec = dataclasses.replace(SMALL, n_critic=3, steps=6, seed=0)  # two generator updates
+    run = reference_runs.run_wgan_gp(spec, "float64")
+    paths = {name: tmp_path / f"{name}.pt" for name in ("G", "C")}
+    convert.save_state_dict_file(run.initial_generator, paths["G"])
+    convert.save_state_dict_file(run.initial_discriminator, paths["C"])
+    real, noise = make_batches(spec)
+    np.savez(tmp_path / "batches.npz", real=real, noise=noise, mix=make_mix(spec))
+    common = ["replay", "--generator", str(paths["G"]), "--discriminator", str(paths["C"]), "--dtype", "float64",
+              "--loss", "wgan-gp", "--n-critic", "3", "--out", str(tmp_path / "metrics.npz")]
+    assert main([*common, "--batches", str(tmp_path / "batches.npz"), "--out-discriminator", str(tmp_path / "C2.pt")]) == 0
+    with np.load(tmp_path / "metrics.npz") as ours:
+        for name, theirs in run.metrics.items():
+            np.testing.assert_allclose(ours[name], theirs, rtol=0, atol=1e-10, err_msg=name)
+    final = convert.load_state_dict_file(tmp_path / "C2.pt")
+    assert max(float(np.max(np.abs(final[k] - v))) for k, v in run.final_discriminator.items()) <= 1e-10
+    np.savez(tmp_path / "no_mix.npz", real=real, noise=noise)
+    capsys.readouterr()
+    assert main([*common, "--batches", str(tmp_path / "no_mix.npz")]) == 2
+    assert "lacks mix" in capsys.readouterr().err
