@@ -53,10 +53,7 @@ def check_wgan_gp_trajectory(spec: TrainConfig, tolerance: float = 1e-10) -> Che
     for k in range(3):  # PyTorch against itself: the rows of each batch (images, noise, ε together) in another order
         order = permutation_orders(spec.steps, spec.batch_size, 1000 + k)
         permuted = (*permuted_batches(real, noise, 1000 + k), np.take_along_axis(mix, order, axis=1))
-        other = reference_runs.run_wgan_gp(spec, "float64", batches=permuted)
-        gaps.append(max(float(_per_step_metric_gap(other.metrics, run.metrics).max()),
-                        max(_tensor_gaps(other.final_generator, run.final_generator).values()),
-                        max(_tensor_gaps(other.final_discriminator, run.final_discriminator).values())))
+        gaps.append(_run_gap(reference_runs.run_wgan_gp(spec, "float64", batches=permuted), run))
     result.noise_floor = f"{np.median(gaps):.2e} (PyTorch−PyTorch, median of 3 batch permutations)"
     return result
 
@@ -66,10 +63,7 @@ def torch_self_gap(spec: TrainConfig, run, permutations: int = 3) -> float:
     real, noise = reference_runs.make_batches(spec)
     gaps = []
     for k in range(permutations):
-        other = reference_runs.run_tutorial(spec, "float64", batches=permuted_batches(real, noise, 1000 + k))
-        gaps.append(max(float(_per_step_metric_gap(other.metrics, run.metrics).max()),
-                        max(_tensor_gaps(other.final_generator, run.final_generator).values()),
-                        max(_tensor_gaps(other.final_discriminator, run.final_discriminator).values())))
+        gaps.append(_run_gap(reference_runs.run_tutorial(spec, "float64", batches=permuted_batches(real, noise, 1000 + k)), run))
     return float(np.median(gaps))
 
 
@@ -217,6 +211,13 @@ def permutation_orders(steps: int, batch: int, seed: int) -> np.ndarray:
 
 def _per_step_metric_gap(a: dict, b: dict) -> np.ndarray:
     return np.max([np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)) for k in METRIC_NAMES], axis=0)
+
+
+def _run_gap(other, run) -> float:
+    """Max |Δ| between two recorded runs over every metric of every step and every final tensor."""
+    return max(float(_per_step_metric_gap(other.metrics, run.metrics).max()),
+               max(_tensor_gaps(other.final_generator, run.final_generator).values()),
+               max(_tensor_gaps(other.final_discriminator, run.final_discriminator).values()))
 
 
 def _tensor_gaps(ours: dict, theirs: dict) -> dict[str, float]:

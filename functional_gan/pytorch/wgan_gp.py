@@ -19,8 +19,6 @@ Discriminator without BatchNorm and Sigmoid, its convolutions with biases.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -31,7 +29,7 @@ from functional_gan.pytorch import dcgan
 class Critic(nn.Module):
     def __init__(self, ndf=64, nc=3, image_size=64):
         super().__init__()
-        n_down = int(math.log2(image_size)) - 2
+        n_down = dcgan._stride2_blocks(image_size)
         channels = [ndf * 2 ** i for i in range(n_down)]
         layers = []
         for i in range(n_down):
