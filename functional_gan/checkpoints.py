@@ -12,7 +12,9 @@ whose manifest verifies counts as good:
 * old checkpoints are deleted only after the new one is sealed and verified, and the newest
   ``keep`` good ones always stay;
 * a failed write (disk full, ...) stops with :class:`CheckpointWriteError` and touches nothing
-  already saved.
+  already saved;
+* in a multi-process run, :func:`save` is the one place that says what every process does at a
+  checkpoint, so that all of them reach orbax's collectives in the same order.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import SingleDeviceSharding
 
 from functional_gan.config import TrainConfig
-from functional_gan.distributed import barrier, is_primary, to_host
+from functional_gan.distributed import primary_decides, to_host
 from functional_gan.errors import UserError
 from functional_gan.train import GANState, init_state
 
@@ -137,16 +139,20 @@ def _is_disk_error(error: BaseException) -> OSError | None:
 
 
 def save(manager: ocp.CheckpointManager, state: GANState, config: TrainConfig, keep: int = KEEP) -> int:
-    """Save ``state`` under its step, wait for it, seal and verify it, then drop checkpoints beyond ``keep``.
+    """What every process does at a checkpoint: save ``state``, seal it, then drop checkpoints beyond ``keep``.
 
-    Every process of a multi-process run calls this (orbax writes each process's shards); the
-    first process writes the manifest and deletes old checkpoints.
+    Every process of a multi-process run calls this at the same iteration, and each step below is
+    reached by all of them in the same order (orbax's save and delete are collectives):
+
+    1. orbax writes the checkpoint (each process its own shards) and every process waits for it;
+    2. the first process seals it (manifest, read back) and picks the checkpoints to delete; every
+       process learns the outcome, so a failure stops all of them with the same message;
+    3. every process calls orbax's delete for each of those steps (the first one removes the folders).
 
     Raises:
       CheckpointWriteError: the write failed (e.g. no space left); earlier checkpoints are intact.
     """
     step = int(to_host(state.step))
-    folder = step_folder(manager, step)
     try:
         manager.save(
             step,
@@ -154,38 +160,48 @@ def save(manager: ocp.CheckpointManager, state: GANState, config: TrainConfig, k
             force=True,
         )
         manager.wait_until_finished()
-        if is_primary():
-            write_manifest(folder, step)
-            verify(folder, step)  # read back what was just written
-    except DamagedCheckpoint as error:
-        raise CheckpointWriteError(f"the checkpoint written to {folder} does not read back: {error.reason}") from error
     except Exception as error:
         disk_error = _is_disk_error(error)
         if disk_error is None:
             raise
-        good = [s for s in manager.all_steps() if s != step and (step_folder(manager, s) / MANIFEST_NAME).is_file()]
-        kept = f"the checkpoint of iteration {max(good)} is kept" if good else "no earlier checkpoint exists"
-        raise CheckpointWriteError(
-            f"could not write the checkpoint of iteration {step} to {manager.directory}: {disk_error}; "
-            f"training stopped, {kept}, and metrics.jsonl is intact. Free space (or fix the folder) and run "
-            "the same command again to resume"
-        ) from error
-    barrier(f"functional_gan checkpoint {step} sealed")
-    if is_primary():
-        _delete_beyond(manager, keep)
+        raise _write_error(manager, step, disk_error) from error
+    doomed = primary_decides(f"seal checkpoint {step}", lambda: _seal(manager, step, keep), CheckpointWriteError)
+    for old in doomed:
+        manager.delete(old)
     return step
 
 
-def _delete_beyond(manager: ocp.CheckpointManager, keep: int) -> None:
-    """Delete checkpoints older than the ``keep`` newest sealed ones (never one of those)."""
+def _write_error(manager: ocp.CheckpointManager, step: int, disk_error: OSError) -> CheckpointWriteError:
+    good = [s for s in manager.all_steps() if s != step and (step_folder(manager, s) / MANIFEST_NAME).is_file()]
+    kept = f"the checkpoint of iteration {max(good)} is kept" if good else "no earlier checkpoint exists"
+    return CheckpointWriteError(
+        f"could not write the checkpoint of iteration {step} to {manager.directory}: {disk_error}; "
+        f"training stopped, {kept}, and metrics.jsonl is intact. Free space (or fix the folder) and run "
+        "the same command again to resume"
+    )
+
+
+def _seal(manager: ocp.CheckpointManager, step: int, keep: int) -> list[int]:
+    """Write and read back the manifest of ``step``; the older steps to delete now that it is sealed."""
+    folder = step_folder(manager, step)
+    try:
+        write_manifest(folder, step)
+        verify(folder, step)  # read back what was just written
+    except DamagedCheckpoint as error:
+        raise CheckpointWriteError(f"the checkpoint written to {folder} does not read back: {error.reason}") from error
+    except OSError as error:
+        raise _write_error(manager, step, error) from error
+    return _beyond(manager, keep)
+
+
+def _beyond(manager: ocp.CheckpointManager, keep: int) -> list[int]:
+    """Checkpoints older than the ``keep`` newest sealed ones (never one of those)."""
     steps = sorted(manager.all_steps())
     sealed = [s for s in steps if (step_folder(manager, s) / MANIFEST_NAME).is_file()]
     if len(sealed) <= keep:
-        return
+        return []
     oldest_kept = sealed[-keep]
-    for step in steps:
-        if step < oldest_kept:
-            manager.delete(step)
+    return [s for s in steps if s < oldest_kept]
 
 
 def saved_config(manager: ocp.CheckpointManager, step: int) -> TrainConfig:

@@ -8,8 +8,12 @@ are read from a process's own copy.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import json
 import os
 import re
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -36,15 +40,27 @@ def settings_from_environment() -> tuple[str | None, int | None, int | None]:
     return os.environ.get("JAX_COORDINATOR_ADDRESS") or None, integer("JAX_NUM_PROCESSES"), integer("JAX_PROCESS_ID")
 
 
-def initialize(coordinator: str | None, num_processes: int | None, process_id: int | None) -> bool:
-    """Join a multi-process run (``jax.distributed.initialize``); False (and nothing done) when no setting is given.
+DEFAULT_JOIN_TIMEOUT = 300  # seconds; JAX's own default for jax.distributed.initialize
+DEFAULT_PEER_TIMEOUT = 60  # seconds without a heartbeat before a process counts as dead (JAX's default: 100)
 
-    Must run before anything touches a device. On CPU, collectives go through gloo.
-    PyTorch: ``torch.distributed.init_process_group(init_method="tcp://HOST:PORT", world_size, rank)``.
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSettings:
+    """Where a multi-process run meets and which process this is."""
+
+    coordinator: str
+    num_processes: int
+    process_id: int
+
+
+def process_settings(coordinator: str | None, num_processes: int | None, process_id: int | None) -> ProcessSettings | None:
+    """The multi-process settings, checked (None when none is given: a one-process run).
+
+    Raises DistributedError for an incomplete or impossible combination, before anything starts.
     """
     given = {"--coordinator": coordinator, "--num-processes": num_processes, "--process-id": process_id}
     if all(value is None for value in given.values()):
-        return False
+        return None
     missing = [flag for flag, value in given.items() if value is None]
     if missing:
         raise DistributedError(f"a multi-process run needs --coordinator, --num-processes and --process-id; missing {', '.join(missing)}")
@@ -54,15 +70,116 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
         raise DistributedError(f"--num-processes must be positive, got {num_processes}")
     if not 0 <= process_id < num_processes:
         raise DistributedError(f"--process-id must lie in [0, {num_processes}), got {process_id}")
+    return ProcessSettings(coordinator, num_processes, process_id)
+
+
+def initialize(settings: ProcessSettings, join_timeout: int = DEFAULT_JOIN_TIMEOUT,
+               peer_timeout: int = DEFAULT_PEER_TIMEOUT) -> None:
+    """Join a multi-process run (``jax.distributed.initialize``). Must run before anything touches a device.
+
+    ``join_timeout``: how long to wait for the coordinator and for every process to join.
+    ``peer_timeout``: a process that sends no heartbeat for this long counts as dead, and JAX's
+    coordination service then stops every other process (see :mod:`functional_gan.launch`, which
+    turns that into one clear line). On CPU, collectives go through gloo.
+    PyTorch: ``torch.distributed.init_process_group(init_method="tcp://HOST:PORT", world_size, rank)``.
+    """
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of several processes
+    # JAX's preemption service catches SIGTERM and keeps running; a user's Ctrl-C or a scheduler's
+    # SIGTERM must stop the process (a resume starts from the last sealed checkpoint).
+    jax.config.update("jax_enable_preemption_service", False)
     try:
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+        jax.distributed.initialize(
+            coordinator_address=settings.coordinator, num_processes=settings.num_processes,
+            process_id=settings.process_id, initialization_timeout=join_timeout,
+            heartbeat_timeout_seconds=peer_timeout, shutdown_timeout_seconds=peer_timeout,
+        )
     except Exception as error:  # the coordination service raises RuntimeError/XlaRuntimeError with its own text
         raise DistributedError(
-            f"could not join the run through {coordinator} as process {process_id} of {num_processes}: "
-            f"{type(error).__name__}: {str(error)[:300]}"
+            f"could not join the run through {settings.coordinator} as process {settings.process_id} of "
+            f"{settings.num_processes}: {type(error).__name__}: {str(error)[:300]}"
         ) from error
-    return True
+
+
+def _client():
+    """The coordination service's client of this process (its key-value store is shared by every process)."""
+    from jax._src.distributed import global_state
+
+    if global_state.client is None:
+        raise RuntimeError("jax.distributed is not initialized")
+    return global_state.client
+
+
+def check_same_settings(settings: ProcessSettings, values: dict, timeout: int = DEFAULT_JOIN_TIMEOUT) -> None:
+    """Every process must have been started with the same settings; raise DistributedError on each if not.
+
+    ``values``: what must agree (the training config, the run folder, ...). JAX accepts a process
+    whose --num-processes differs from the coordinator's; this check does not.
+    """
+    mine = {"--num-processes": settings.num_processes, **values}
+    client = _client()
+    client.key_value_set(f"functional_gan/settings/{settings.process_id}", json.dumps(mine, sort_keys=True))
+    problems = []
+    if jax.process_count() != settings.num_processes:
+        problems.append(f"this process (--process-id {settings.process_id}) was started with --num-processes "
+                        f"{settings.num_processes}, the coordinator with {jax.process_count()}")
+    for other in range(jax.process_count()):
+        if other == settings.process_id:
+            continue
+        try:
+            theirs = json.loads(client.blocking_key_value_get(f"functional_gan/settings/{other}", timeout * 1000))
+        except Exception as error:
+            raise DistributedError(f"process {other} did not report its settings within {timeout} s: {error}") from error
+        for name in sorted(set(mine) | set(theirs)):
+            if mine.get(name) != theirs.get(name):
+                problems.append(f"{name}: process {settings.process_id} has {mine.get(name)!r}, "
+                                f"process {other} has {theirs.get(name)!r}")
+    if problems:
+        raise DistributedError("the processes of this run were started with different settings; start every "
+                               "process with the same command (only --process-id differs):\n  " + "\n  ".join(problems))
+
+
+def await_lost_peer(error: Exception, peer_timeout: int) -> None:
+    """A collective failed (gloo: "Connection reset by peer"): most likely another process died.
+
+    Wait for JAX's coordination service to notice which one (it stops this process within the
+    peer timeout, and the supervisor names the process); if it does not, raise a clear error.
+    """
+    import time
+
+    time.sleep(2 * peer_timeout + 5)
+    raise DistributedError(
+        f"a collective operation with the other processes failed and no process was reported dead within "
+        f"{2 * peer_timeout + 5} s: {str(error)[:300]}"
+    ) from error
+
+
+_decisions = itertools.count()
+
+
+def primary_decides(name: str, decide: Callable[[], Any], error: type[Exception] = UserError) -> Any:
+    """Run ``decide`` on the first process only and return its (JSON) result on every process.
+
+    Every process calls this at the same point of the program, in the same order. If ``decide``
+    raises, it raises on the first process and ``error(message)`` on every other one, so no
+    process goes on to a collective that the others never reach.
+    """
+    if jax.process_count() == 1:
+        return decide()
+    key = f"functional_gan/decision/{next(_decisions)}/{name}"
+    if is_primary():
+        try:
+            value = decide()
+        except Exception as failure:
+            message = str(failure) if isinstance(failure, UserError) else f"process 0 failed ({name}): {type(failure).__name__}: {failure}"
+            _client().key_value_set(key, json.dumps({"error": message}))
+            raise
+        _client().key_value_set(key, json.dumps({"value": value}))
+        return value
+    # A dead first process is noticed by the coordination service (the peer timeout), not here.
+    answer = json.loads(_client().blocking_key_value_get(key, 24 * 3600 * 1000))
+    if "error" in answer:
+        raise error(answer["error"])
+    return answer["value"]
 
 
 def is_primary() -> bool:

@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from functional_gan import checkpoints, convert, plots
 from functional_gan.config import TUTORIAL, ConfigError, TrainConfig
 from functional_gan.data import DataError, ImageDataset, load_dataset
-from functional_gan.distributed import barrier, is_primary, process_rows, to_host
+from functional_gan.distributed import barrier, is_primary, primary_decides, process_rows, to_host
+from functional_gan.launch import report
 from functional_gan.errors import UserError
 from functional_gan.losses import LOSSES
 from functional_gan.metrics import METRIC_NAMES, StepMetrics, stats_line
@@ -88,27 +89,30 @@ def run_lock(out: Path):
     """Hold an exclusive lock on the run folder for as long as training writes to it.
 
     ``fcntl.flock`` on ``out/.train.lock``: the kernel releases it when the process ends, however
-    it ends (a SIGKILL leaves no stale lock behind).
+    it ends (a SIGKILL leaves no stale lock behind). In a multi-process run the first process
+    takes it and every process learns whether it could.
     """
-    path = out / LOCK_NAME
-    with path.open("a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with contextlib.ExitStack() as stack:
+
+        def acquire() -> None:
+            handle = stack.enter_context((out / LOCK_NAME).open("a+"))
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                raise RunLockedError(
+                    f"another `functional-gan train` (pid {holder}) is writing to {out}; wait for it to finish "
+                    "or use another --out"
+                ) from None
+            stack.callback(fcntl.flock, handle, fcntl.LOCK_UN)
             handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise RunLockedError(
-                f"another `functional-gan train` (pid {holder}) is writing to {out}; wait for it to finish "
-                "or use another --out"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+
+        primary_decides("run lock", acquire, RunLockedError)
+        yield
 
 
 def train(
@@ -167,7 +171,7 @@ def train(
         sources = [f"{name} from {path}" for name, path in (("generator", init_generator), ("discriminator", init_discriminator)) if path]
         initial_note = f"Initial weights: {', '.join(sources)} (PyTorch state_dicts); Adam states start fresh"
     out.mkdir(parents=True, exist_ok=True)
-    with run_lock(out) if primary else contextlib.nullcontext():
+    with run_lock(out):
         return _train(config, out, dataset, mesh, progress, print_fn, initial, initial_note)
 
 
@@ -188,11 +192,10 @@ def _resume(config: TrainConfig, out: Path, manager, sharding, print_fn) -> chec
     if restored.damaged:
         for damaged in restored.damaged:
             print_fn(f"Warning: {damaged}; skipped")
-        barrier("functional_gan damaged checkpoints found")
-        if is_primary():
-            moved = checkpoints.move_aside(manager, restored.damaged)
-            print_fn(f"Moved the damaged checkpoint(s) to {', '.join(str(p) for p in moved)} (nothing deleted)")
-        barrier("functional_gan damaged checkpoints moved")
+        barrier("functional_gan damaged checkpoints found")  # every process has read them before they move
+        moved = primary_decides("move damaged checkpoints",
+                                lambda: [str(p) for p in checkpoints.move_aside(manager, restored.damaged)])
+        print_fn(f"Moved the damaged checkpoint(s) to {', '.join(moved)} (nothing deleted)")
         manager.reload()
     print_fn(f"Resuming from the checkpoint at iteration {restored.step} in {out / 'checkpoints'}")
     return restored
@@ -301,6 +304,7 @@ def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress
                 pending = (step + 1, metrics)
                 bar.update(1)
                 step_done = step + 1
+                report(iteration=step_done)
                 at_sample = step_done % grid_every == 0 or step_done == total_steps
                 at_checkpoint = step_done % config.checkpoint_every == 0 or step_done == total_steps
                 if at_sample or at_checkpoint:

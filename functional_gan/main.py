@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from functional_gan.distributed import DEFAULT_JOIN_TIMEOUT, DEFAULT_PEER_TIMEOUT
 from functional_gan.config import LOSS_DEFAULTS, TUTORIAL, TrainConfig, config_for_loss
 from functional_gan.errors import UserError
 
@@ -84,6 +85,11 @@ def _add_train_parser(subparsers) -> None:
                    help="multi-process run: how many processes (default: $JAX_NUM_PROCESSES)")
     p.add_argument("--process-id", type=int, default=None,
                    help="multi-process run: this process's index, 0 .. num-processes − 1 (default: $JAX_PROCESS_ID)")
+    p.add_argument("--join-timeout", type=int, default=DEFAULT_JOIN_TIMEOUT, metavar="SECONDS",
+                   help="multi-process run: how long to wait for the coordinator and for every process to join")
+    p.add_argument("--peer-timeout", type=int, default=DEFAULT_PEER_TIMEOUT, metavar="SECONDS",
+                   help="multi-process run: a process silent this long counts as dead and the others stop "
+                   "(with the iteration and the checkpoint kept)")
     p.add_argument("--log-every", type=int, default=TUTORIAL.log_every, help="print the tutorial's stats line every N iterations")
     p.add_argument("--sample-every", type=int, default=None,
                    help="save a fixed-noise grid every N iterations (default: about 20 grids over the run)")
@@ -97,16 +103,18 @@ def _add_train_parser(subparsers) -> None:
 
 
 def _run_train(args) -> int:
-    from functional_gan import distributed
+    from functional_gan import distributed, launch
     from functional_gan.data import default_channels
-    from functional_gan.loop import train
 
     environment = distributed.settings_from_environment()
-    distributed.initialize(  # before anything touches a device
+    processes = distributed.process_settings(
         args.coordinator or environment[0],
         args.num_processes if args.num_processes is not None else environment[1],
         args.process_id if args.process_id is not None else environment[2],
     )
+    for flag in ("join_timeout", "peer_timeout"):
+        if getattr(args, flag) <= 0:
+            raise UserError(f"--{flag.replace('_', '-')} must be a positive number of seconds, got {getattr(args, flag)}")
     config = _loss_config(
         args, data=args.data, batch_size=args.batch_size, image_size=args.image_size,
         nc=args.nc if args.nc is not None else default_channels(args.data), nz=args.nz, ngf=args.ngf, ndf=args.ndf,
@@ -114,8 +122,24 @@ def _run_train(args) -> int:
         seed=args.seed, log_every=args.log_every, sample_every=args.sample_every, checkpoint_every=args.checkpoint_every,
         devices=args.devices,
     )
-    result = train(config, args.out, progress=not args.no_progress, init_generator=args.init_generator,
-                   init_discriminator=args.init_discriminator)
+    if processes is not None and not launch.supervised():
+        # Each process of a multi-process run trains in a child that this process watches (functional_gan.launch).
+        return launch.supervise(launch.child_command(args.argv), processes.process_id, processes.coordinator,
+                                args.out, args.join_timeout, args.peer_timeout)
+    if processes is not None:
+        distributed.initialize(processes, args.join_timeout, args.peer_timeout)  # before anything touches a device
+        launch.report(joined=True)
+        distributed.check_same_settings(processes, {"config": config.to_dict(), "--out": str(Path(args.out).absolute())},
+                                        args.join_timeout)
+    from functional_gan.loop import train
+
+    try:
+        result = train(config, args.out, progress=not args.no_progress, init_generator=args.init_generator,
+                       init_discriminator=args.init_discriminator)
+    except Exception as error:
+        if processes is not None and type(error).__name__ == "JaxRuntimeError":
+            distributed.await_lost_peer(error, args.peer_timeout)
+        raise
     if not distributed.is_primary():
         return 0
     print(f"Done: iteration {result.last_step}. Results in {result.out_dir}/ "
@@ -433,7 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.handler(args)
     except UserError as error:

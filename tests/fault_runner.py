@@ -6,7 +6,11 @@ The process kills itself (SIGKILL: no cleanup, no ``finally``) on the N-th call 
 
 * ``grid``: saving a picture (the first is training_images.png), i.e. between checkpoints;
 * ``orbax-write``: waiting for orbax's asynchronous checkpoint write, i.e. while it is being written;
-* ``seal``: writing the checksum manifest, i.e. after orbax finished and before the checkpoint is sealed.
+* ``seal``: writing the checksum manifest, i.e. after orbax finished and before the checkpoint is sealed;
+* ``sealed``: returning from a checkpoint, i.e. right after it was sealed (and old ones deleted).
+
+In a multi-process run the supervisor starts its training process through this script too, with the
+same fault.
 """
 
 import os
@@ -15,19 +19,22 @@ import sys
 
 import orbax.checkpoint as ocp
 
-from functional_gan import checkpoints, plots
+from functional_gan import checkpoints, launch, plots
 from functional_gan.main import main
 
 
-def kill_on_call(function, n):
+def kill_on_call(function, n, after=False):
     calls = 0
 
     def wrapper(*args, **kwargs):
         nonlocal calls
         calls += 1
+        if calls == n and not after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        result = function(*args, **kwargs)
         if calls == n:
             os.kill(os.getpid(), signal.SIGKILL)
-        return function(*args, **kwargs)
+        return result
 
     return wrapper
 
@@ -40,6 +47,9 @@ if __name__ == "__main__":
         ocp.CheckpointManager.wait_until_finished = kill_on_call(ocp.CheckpointManager.wait_until_finished, n)
     elif moment == "seal":
         checkpoints.write_manifest = kill_on_call(checkpoints.write_manifest, n)
+    elif moment == "sealed":
+        checkpoints.save = kill_on_call(checkpoints.save, n, after=True)
     else:
         raise SystemExit(f"unknown moment {moment!r}")
+    launch.child_command = lambda argv: [sys.executable, __file__, moment, str(n), *argv[1:]]
     sys.exit(main(["train", *train_args]))
