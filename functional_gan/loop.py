@@ -22,9 +22,10 @@ from tqdm.auto import tqdm
 
 from functional_gan import checkpoints, convert, plots
 from functional_gan.config import TUTORIAL, ConfigError, TrainConfig
-from functional_gan.data import DataError, ImageDataset, load_dataset
-from functional_gan.distributed import barrier, is_primary, primary_decides, process_rows, to_host
+from functional_gan.data import DataError, Dataset, load_dataset
+from functional_gan.distributed import barrier, is_primary, primary_decides, to_host
 from functional_gan.launch import report
+from functional_gan.pipeline import Batches, default_workers, known_problems, record_problems
 from functional_gan.errors import UserError
 from functional_gan.losses import LOSSES
 from functional_gan.metrics import METRIC_NAMES, StepMetrics, stats_line
@@ -82,6 +83,7 @@ class RunLockedError(UserError):
 
 
 LOCK_NAME = ".train.lock"
+UNREADABLE_NAME = "unreadable_files.txt"  # in the run folder: image files that could not be read, one per line
 
 
 @contextlib.contextmanager
@@ -118,11 +120,12 @@ def run_lock(out: Path):
 def train(
     config: TrainConfig,
     out_dir: str | Path,
-    dataset: ImageDataset | None = None,
+    dataset: Dataset | None = None,
     progress: bool = True,
     print_fn: Callable[[str], None] = print,
     init_generator: str | Path | None = None,
     init_discriminator: str | Path | None = None,
+    workers: int | None = None,
 ) -> RunResult:
     """Train (or resume) a DCGAN run in ``out_dir``.
 
@@ -137,6 +140,10 @@ def train(
     weights-only, or ``.safetensors``) a new run starts from, e.g. the tutorial's ``netG.pth``, with
     fresh Adam states (PyTorch's optimizer state is not read). Ignored when the run resumes.
 
+    ``workers``: Grain worker processes that read and decode the data ahead of the step (default:
+    :func:`functional_gan.pipeline.default_workers`; 0 reads in this process). Unreadable image
+    files met on the way are printed once and listed in ``unreadable_files.txt``.
+
     Raises:
       ConfigError, DataError: before any work is done.
       RunLockedError: another process is training in ``out_dir``.
@@ -150,12 +157,12 @@ def train(
     primary = is_primary()
     if not primary:
         progress, print_fn = False, _quiet
+    if workers is not None and workers < 0:
+        raise ConfigError(f"--workers must be 0 or more, got {workers}")
     if dataset is None:
-        dataset = load_dataset(config.data, config.image_size, config.nc, progress=progress)
-    if dataset.skipped_files:
-        print_fn(f"Skipped {len(dataset.skipped_files)} unreadable image file(s), e.g. {dataset.skipped_files[0]}")
-    if dataset.images_NHWC.shape[1:] != (config.image_size, config.image_size, config.nc):
-        raise DataError(f"dataset images have shape {dataset.images_NHWC.shape[1:]}, the model expects "
+        dataset = load_dataset(config.data, config.image_size, config.nc)
+    if tuple(dataset.image_shape) != (config.image_size, config.image_size, config.nc):
+        raise DataError(f"dataset images have shape {tuple(dataset.image_shape)}, the model expects "
                         f"{(config.image_size, config.image_size, config.nc)}")
     if dataset.steps_per_epoch(config.batch_size) == 0:
         raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {config.batch_size}; "
@@ -172,7 +179,8 @@ def train(
         initial_note = f"Initial weights: {', '.join(sources)} (PyTorch state_dicts); Adam states start fresh"
     out.mkdir(parents=True, exist_ok=True)
     with run_lock(out):
-        return _train(config, out, dataset, mesh, progress, print_fn, initial, initial_note)
+        return _train(config, out, dataset, mesh, progress, print_fn, initial, initial_note,
+                      default_workers() if workers is None else workers)
 
 
 def _quiet(_message: str) -> None:
@@ -215,8 +223,8 @@ def _forget_after(out: Path, step: int) -> None:
             grid.unlink()
 
 
-def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress: bool, print_fn,
-           initial: GANState | None, initial_note: str) -> RunResult:
+def _train(config: TrainConfig, out: Path, dataset: Dataset, mesh, progress: bool, print_fn,
+           initial: GANState | None, initial_note: str, workers: int) -> RunResult:
     primary = is_primary()
     per_epoch = dataset.steps_per_epoch(config.batch_size)
     total_steps = config.steps if config.steps is not None else config.epochs * per_epoch
@@ -260,25 +268,29 @@ def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress
         plots.save_grid(dataset.batch(config.seed, 0, min(64, config.batch_size)), out / "training_images.png")
 
     global_shape = (config.batch_size, config.image_size, config.image_size, config.nc)
-    if mesh is None:
-        def batch_at(step: int):
-            return dataset.batch(config.seed, step, config.batch_size)
-    else:
-        sharding = batch_sharding(mesh)
-        rows = process_rows(sharding, global_shape)  # this process feeds only its slice of the global batch
-
-        def batch_at(step: int):
-            local = dataset.batch(config.seed, step, config.batch_size, rows)
-            return jax.make_array_from_process_local_data(sharding, local, global_shape)
-
+    # Started before the compilation, so that the workers read the first batches while XLA compiles.
+    problems_path = out / (UNREADABLE_NAME if jax.process_count() == 1 else f"unreadable_files.process-{jax.process_index()}.txt")
+    batches = Batches(dataset, config.seed, config.batch_size, first_step, total_steps, mesh, workers,
+                      known_problems(problems_path))
+    if batches.workers:
+        print_fn(f"Input: {batches.workers} Grain worker process(es) read the batches ahead (--workers)")
     train_step = make_train_step(config, mesh)
     compile_seconds = None
     if first_step < total_steps:
         print_fn("Starting Training Loop...")
         start = time.perf_counter()
-        train_step = train_step.lower(state, batch_at(first_step)).compile()
+        abstract_batch = jax.ShapeDtypeStruct(global_shape, np.float32,
+                                              sharding=batch_sharding(mesh) if mesh is not None else None)
+        train_step = train_step.lower(state, abstract_batch).compile()
         compile_seconds = time.perf_counter() - start
         print_fn(f"Compiled the training step in {compile_seconds:.1f} s")
+
+    def note_problems() -> None:
+        if batches.problems:
+            for problem in batches.problems:
+                print_fn(f"Skipped an unreadable image file (the next readable one takes its place): {problem}")
+            record_problems(problems_path, batches.problems)
+            batches.problems.clear()
 
     def record(step_done: int, metrics: StepMetrics, log_file) -> dict:
         values = {name: float(to_host(v)) for name, v in zip(METRIC_NAMES, metrics)}
@@ -298,7 +310,8 @@ def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress
             total=total_steps, initial=min(first_step, total_steps), desc="training", unit="it", disable=not progress
         ) as bar:
             for step in range(first_step, total_steps):
-                state, metrics = train_step(state, batch_at(step))
+                state, metrics = train_step(state, next(batches))
+                note_problems()
                 if pending is not None:
                     record(*pending, log_file)
                 pending = (step + 1, metrics)
@@ -322,7 +335,16 @@ def _train(config: TrainConfig, out: Path, dataset: ImageDataset, mesh, progress
             if pending is not None:
                 record(*pending, log_file)
     finally:
+        batches.close()
         manager.wait_until_finished()
+    if jax.process_count() > 1:  # what this process read: its rows of each global batch, nothing else
+        (out / "logs").mkdir(exist_ok=True)
+        (out / "logs" / f"input-process-{jax.process_index()}.json").write_text(json.dumps(
+            {"process": jax.process_index(), "rows": batches.local_rows, "iterations": total_steps - first_step,
+             "files_read": batches.files_read}) + "\n")
+    skipped = known_problems(problems_path)
+    if skipped:
+        print_fn(f"{len(skipped)} unreadable image file(s) were skipped; listed in {problems_path}")
 
     final_samples = sampler(state, noise)
     if primary:
@@ -398,7 +420,7 @@ def export_checkpoint(
     return restored
 
 
-def _write_figures(config, out: Path, dataset: ImageDataset, samples_NHWC: np.ndarray) -> None:
+def _write_figures(config, out: Path, dataset: Dataset, samples_NHWC: np.ndarray) -> None:
     records = _read_metrics(out / "metrics.jsonl")
     if records:
         wasserstein = [r["d_x"] - r["d_g_z1"] for r in records] if LOSSES[config.loss].critic else None

@@ -64,7 +64,12 @@ def _add_train_parser(subparsers) -> None:
         "Running again on the same --out resumes from its newest checkpoint.",
         formatter_class=_FORMATTER,
     )
-    p.add_argument("--data", default=TUTORIAL.data, help="'digits' (built in, offline), 'fake' (random), or a folder of images")
+    p.add_argument("--data", default=TUTORIAL.data,
+                   help="'digits' (built in, offline), 'fake' (random), a folder of images (searched recursively, "
+                   "like ImageFolder), or a uint8 .npy array of images (NHWC or NCHW, memory-mapped)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="Grain worker processes that decode the images ahead of the step (default: half the CPU "
+                   "cores, 1 to 8; 0: read in the training process)")
     p.add_argument("--out", default="runs/dcgan", help="run folder: samples, plots, metrics, checkpoints")
     p.add_argument("--epochs", type=int, default=TUTORIAL.epochs, help="passes over the data")
     p.add_argument("--steps", type=int, default=None, help="train this many iterations in total (overrides --epochs)")
@@ -131,15 +136,23 @@ def _run_train(args) -> int:
         launch.report(joined=True)
         distributed.check_same_settings(processes, {"config": config.to_dict(), "--out": str(Path(args.out).absolute())},
                                         args.join_timeout)
+    import signal
+
     from functional_gan.loop import train
 
+    def stop(_signum, _frame):  # SIGTERM (a scheduler, `kill`) ends like Ctrl-C: workers stopped, checkpoints kept
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         result = train(config, args.out, progress=not args.no_progress, init_generator=args.init_generator,
-                       init_discriminator=args.init_discriminator)
+                       init_discriminator=args.init_discriminator, workers=args.workers)
     except Exception as error:
         if processes is not None and type(error).__name__ == "JaxRuntimeError":
             distributed.await_lost_peer(error, args.peer_timeout)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not distributed.is_primary():
         return 0
     print(f"Done: iteration {result.last_step}. Results in {result.out_dir}/ "

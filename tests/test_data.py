@@ -30,29 +30,38 @@ def test_folder_without_images(tmp_path):
         load_image_folder(tmp_path, 32)
 
 
-def test_corrupt_images_are_skipped_and_counted(tmp_path):
+def test_a_corrupt_image_is_replaced_by_the_next_readable_file(tmp_path):
     (tmp_path / "class_a").mkdir()  # ImageFolder layout: one sub-folder per class
     _write_image(tmp_path / "class_a" / "good.png", "RGB")
     (tmp_path / "class_a" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     (tmp_path / "truncated.png").write_bytes((tmp_path / "class_a" / "good.png").read_bytes()[:60])
-    dataset = load_image_folder(tmp_path, 32, progress=False)
-    assert len(dataset) == 1
-    assert len(dataset.skipped_files) == 2
+    dataset = load_image_folder(tmp_path, 32)
+    assert len(dataset) == 3  # listed, not decoded: files are met when a batch needs them
+    assert [str(f, "utf-8") for f in dataset.files] == ["class_a/broken.jpg", "class_a/good.png", "truncated.png"]
+    good, problems = dataset.read(1)
+    assert problems == () and good.shape == (32, 32, 3)
+    # broken.jpg (index 0) → the next readable file, good.png; truncated.png (2) wraps around past 0 to 1.
+    image, problems = dataset.read(0)
+    assert np.array_equal(image, good) and len(problems) == 1 and "broken.jpg" in problems[0]
+    image, problems = dataset.read(2)
+    assert np.array_equal(image, good) and len(problems) == 2
+    assert "truncated.png" in problems[0] and "broken.jpg" in problems[1]
 
 
 def test_only_corrupt_images_is_an_error(tmp_path):
     (tmp_path / "broken.png").write_bytes(b"garbage")
     with pytest.raises(DataError, match="none of the 1 image file"):
-        load_image_folder(tmp_path, 32, progress=False)
+        load_image_folder(tmp_path, 32)
 
 
 def test_grayscale_and_rgba_are_converted(tmp_path):
     _write_image(tmp_path / "gray.png", "L")
     _write_image(tmp_path / "alpha.png", "RGBA")
-    rgb = load_image_folder(tmp_path, 32, nc=3, progress=False)
-    gray = load_image_folder(tmp_path, 32, nc=1, progress=False)
-    assert rgb.images_NHWC.shape == (2, 32, 32, 3) and gray.images_NHWC.shape == (2, 32, 32, 1)
-    by_name = dict(zip(["alpha", "gray"], rgb.images_NHWC))  # files are read in sorted order
+    rgb = load_image_folder(tmp_path, 32, nc=3)
+    gray = load_image_folder(tmp_path, 32, nc=1)
+    assert rgb.read_batch(np.arange(2))[0].shape == (2, 32, 32, 3)
+    assert gray.read_batch(np.arange(2))[0].shape == (2, 32, 32, 1)
+    by_name = dict(zip(["alpha", "gray"], rgb.read_batch(np.arange(2))[0]))  # files are listed in sorted order
     assert np.array_equal(by_name["gray"][..., 0], by_name["gray"][..., 2]), "gray → equal R, G, B"
 
 

@@ -22,7 +22,7 @@ from tests.helpers import tree_allclose
 ROOT = Path(__file__).resolve().parents[1]
 PEER_TIMEOUT = 5  # seconds; short so that the tests are quick (the default is 60)
 # 24 iterations, a checkpoint every 3: 8 checkpoints, 5 of them deleted along the way (3 are kept).
-ARGS = ["--data", "fake", "--steps", "24", "--batch-size", "8", "--image-size", "32", "--nz", "8", "--ngf", "4",
+ARGS = ["--steps", "24", "--batch-size", "8", "--image-size", "32", "--nz", "8", "--ngf", "4",
         "--ndf", "4", "--checkpoint-every", "3", "--sample-every", "6", "--log-every", "6", "--no-progress",
         "--peer-timeout", str(PEER_TIMEOUT), "--join-timeout", "60"]
 
@@ -36,20 +36,20 @@ def _free_port() -> int:
 
 
 def _start(out: Path, port: int, process_id: int, num_processes: int = 2, fault: tuple[str, int] | None = None,
-           extra: tuple[str, ...] = ()) -> subprocess.Popen:
+           extra: tuple[str, ...] = (), data: str = "fake") -> subprocess.Popen:
     program = ["tests/fault_runner.py", fault[0], str(fault[1])] if fault else ["-m", "functional_gan.main", "train"]
     return subprocess.Popen(
-        [sys.executable, *program, *ARGS, *extra, "--out", str(out), "--coordinator", f"127.0.0.1:{port}",
+        [sys.executable, *program, "--data", data, *ARGS, *extra, "--out", str(out), "--coordinator", f"127.0.0.1:{port}",
          "--num-processes", str(num_processes), "--process-id", str(process_id)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
     )
 
 
-def _run_two(out: Path, faults=(None, None)) -> list[tuple[int, str, float]]:
+def _run_two(out: Path, data: Path, faults=(None, None)) -> list[tuple[int, str, float]]:
     """Both processes to their end: (exit status, output, time it ended) for each."""
     port = _free_port()
-    processes = [_start(out, port, i, fault=faults[i]) for i in range(2)]
+    processes = [_start(out, port, i, fault=faults[i], data=str(data), extra=("--workers", "1")) for i in range(2)]
     results = [None, None]
     deadline = time.monotonic() + 600
     while None in results and time.monotonic() < deadline:
@@ -68,10 +68,18 @@ def _grids(run: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """An uninterrupted 2-process run of 24 iterations: 8 checkpoints, the oldest 5 deleted on the way."""
+def folder(tmp_path_factory):
+    """40 CelebA-shaped JPEGs: 5 global batches of 8 an epoch."""
+    from functional_gan.benchmarks.celeba_like import make_folder
+
+    return make_folder(tmp_path_factory.mktemp("celeba") / "celeba", 40)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, folder):
+    """An uninterrupted 2-process run of 24 iterations on a folder: 8 checkpoints, the oldest 5 deleted on the way."""
     run = tmp_path_factory.mktemp("two-process") / "run"
-    results = _run_two(run)
+    results = _run_two(run, folder)
     for code, output, _ in results:
         assert code == 0, output[-3000:]
     return run
@@ -86,10 +94,17 @@ def test_two_processes_run_past_every_checkpoint_deletion_to_the_end(straight):
     assert sorted(_grids(straight)) == [f"iter_{s:06d}.png" for s in (6, 12, 18, 24)]
 
 
-def test_a_killed_process_stops_the_other_cleanly_and_the_rerun_equals_an_uninterrupted_run(tmp_path, straight):
+def test_each_process_decodes_only_its_rows_of_each_global_batch(straight):
+    # Each process's 2 devices hold 4 of the 8 rows: 24 iterations × 4 files, not the whole folder nor whole batches.
+    reads = [json.loads((straight / "logs" / f"input-process-{i}.json").read_text()) for i in range(2)]
+    assert [r["rows"] for r in reads] == [[0, 4], [4, 8]]
+    assert [r["files_read"] for r in reads] == [24 * 4, 24 * 4]
+
+
+def test_a_killed_process_stops_the_other_cleanly_and_the_rerun_equals_an_uninterrupted_run(tmp_path, straight, folder):
     run = tmp_path / "run"
     # Process 1 kills itself (SIGKILL) right after its 4th checkpoint, iteration 12, was sealed.
-    (code0, out0, end0), (code1, out1, end1) = _run_two(run, faults=(None, ("sealed", 4)))
+    (code0, out0, end0), (code1, out1, end1) = _run_two(run, folder, faults=(None, ("sealed", 4)))
     assert code1 == 128 + 9, out1[-3000:]
     assert "process 1 was stopped by SIGKILL" in out1 and "the checkpoint of iteration 12" in out1
     # Process 0 ends by itself, soon after, with one clear line and a non-zero status.
@@ -105,7 +120,7 @@ def test_a_killed_process_stops_the_other_cleanly_and_the_rerun_equals_an_uninte
     assert log.is_file() and log.parent == run / "logs"
     checkpoints.verify(run / "checkpoints" / "12", 12)  # the last sealed checkpoint is intact
 
-    resumed = _run_two(run)  # the same command on both: resumes at 12 and ends
+    resumed = _run_two(run, folder)  # the same command on both: resumes at 12 and ends
     for code, output, _ in resumed:
         assert code == 0, output[-3000:]
     assert "Resuming from the checkpoint at iteration 12" in resumed[0][1]
