@@ -8,6 +8,7 @@ other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -390,6 +391,44 @@ def _run_diverge(args) -> int:
     return 0 if divergence is None else 1
 
 
+def _add_check_port_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "check-port", help="check a JAX (Flax) port of any PyTorch model: where it first leaves PyTorch",
+        description="Loads SPEC.py (torch_model(), jax_model(), example_inputs(); optionally example_targets(), "
+        "to_jax/from_jax, param_map, torch_loss/jax_loss, torch_optimizer/jax_optimizer, TRAIN), moves the PyTorch "
+        "weights into the Flax model and compares, in debugging order, each layer's output, the output, the loss, "
+        "every gradient, every parameter after one optimizer step and every buffer, for --steps steps (each from "
+        "PyTorch's state). PyTorch in float64 is the reference; in float32 a quantity passes when the port is within "
+        "k times PyTorch float32's own error. Exit status 0: agreement; 1: a divergence (named); 2: a spec it cannot "
+        "use. Needs the torch extra. Examples: examples/port/.",
+        formatter_class=_FORMATTER,
+    )
+    p.add_argument("spec", metavar="SPEC.py", help="the spec file")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision of the port under test")
+    p.add_argument("--steps", type=int, default=1, help="optimizer steps compared, each from PyTorch's state")
+    p.add_argument("--k", type=float, default=3.0, help="float32: the port may be this many times PyTorch's own error")
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
+    p.set_defaults(handler=_run_check_port)
+
+
+def _run_check_port(args) -> int:
+    try:
+        from functional_gan.comparisons import port
+    except ImportError as error:
+        raise UserError(f"check-port needs PyTorch: pip install 'functional-gan[torch]' ({error})") from error
+    if not args.k > 0:
+        raise UserError(f"--k must be positive, got {args.k}")
+    report = port.check_port(port.load_spec(args.spec), args.dtype, args.steps, args.k)
+    print(report.format())
+    for flag, text in ((args.json, lambda: json.dumps(report.to_json(), indent=1, default=float) + "\n"),
+                       (args.markdown, lambda: report.format(markdown=True))):
+        if flag:
+            Path(flag).parent.mkdir(parents=True, exist_ok=True)
+            Path(flag).write_text(text())
+    return 0 if report.passed else 1
+
+
 def _add_compare_parser(subparsers) -> None:
     from functional_gan.comparisons import GROUPS
 
@@ -464,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_graph_parser(subparsers)
     _add_replay_parser(subparsers)
     _add_diverge_parser(subparsers)
+    _add_check_port_parser(subparsers)
     _add_compare_parser(subparsers)
     _add_bench_parser(subparsers)
     return parser

@@ -1,0 +1,169 @@
+"""check-port: any PyTorch model's Flax port against PyTorch, judged against PyTorch's own float32 noise.
+
+Three models from public code (examples/port/) pass in float32 and float64; a classic porting
+mistake planted in each is named at the right stage and layer; the weight transfer knows each
+standard layer's layout (checked by the forward outputs it produces, float64, 1e-10); specs it
+cannot use get exit status 2 and a message that names the problem.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import flax.linen as fnn
+import numpy as np
+import pytest
+import torch
+
+from functional_gan.comparisons import port
+from functional_gan.main import main
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "port"
+NAMES = ("mnist_cnn", "resnet_basic", "nanogpt_block")
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", NAMES)
+def test_the_ported_models_agree_with_pytorch(name, dtype):
+    report = port.check_port(port.spec_from_module(_example(name)), dtype, steps=2)
+    assert report.passed, report.format()
+    stages = {row.stage.split(": ")[-1] for row in report.rows}
+    assert {"forward", "output", "loss", "gradient", "update"} <= stages
+    if dtype == "float64":  # the port is exact up to float64 rounding
+        assert max(row.port_error for row in report.rows) < 1e-10
+    else:  # and in float32 within PyTorch's own error, k = 3 times over
+        assert all(row.port_error <= 3 * max(row.noise, 4 * np.finfo(np.float32).eps) for row in report.rows)
+
+
+@pytest.mark.parametrize("name,mistake", [(n, m) for n in NAMES for m in _example(n).MISTAKES])
+def test_a_planted_porting_mistake_is_named_at_its_stage_and_layer(name, mistake):
+    module = _example(name)
+    module.MISTAKE = mistake
+    report = port.check_port(port.spec_from_module(module), "float32", steps=1)
+    first = report.first_divergence
+    assert first is not None, f"{mistake} was not found:\n{report.format()}"
+    assert (first.stage, first.name) == module.MISTAKES[mistake], report.format()
+
+
+def test_buffers_are_compared_when_the_model_has_running_statistics():
+    report = port.check_port(port.spec_from_module(_example("resnet_basic")), "float64", steps=1)
+    buffers = [row.name for row in report.rows if row.stage == "buffer"]
+    assert "bn1.running_mean" in buffers and "layer2.downsample.1.running_var" in buffers
+
+
+class _One(torch.nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+class _FlaxOne(fnn.Module):
+    make: object
+
+    @fnn.compact
+    def __call__(self, x):
+        return self.make()(x)
+
+
+LAYERS = {  # PyTorch layer, its Flax counterpart written as a port author would, an input (PyTorch's layout)
+    "Conv1d": (lambda: torch.nn.Conv1d(4, 6, 3, stride=2, padding=1),
+               lambda: fnn.Conv(6, (3,), strides=(2,), padding=[(1, 1)]), (2, 4, 9)),
+    "Conv2d groups": (lambda: torch.nn.Conv2d(4, 6, 3, padding=1, groups=2),
+                      lambda: fnn.Conv(6, (3, 3), padding=[(1, 1)] * 2, feature_group_count=2), (2, 4, 5, 5)),
+    "Conv3d": (lambda: torch.nn.Conv3d(2, 3, 2), lambda: fnn.Conv(3, (2, 2, 2), padding="VALID"), (2, 2, 4, 4, 4)),
+    # PyTorch's padding p on a transposed convolution is k − 1 − p on each side of the dilated input.
+    "ConvTranspose2d": (lambda: torch.nn.ConvTranspose2d(4, 3, 4, stride=2, padding=1),
+                        lambda: fnn.ConvTranspose(3, (4, 4), strides=(2, 2), padding=[(2, 2)] * 2), (2, 4, 5, 5)),
+    "ConvTranspose1d": (lambda: torch.nn.ConvTranspose1d(3, 2, 3, stride=2),
+                        lambda: fnn.ConvTranspose(2, (3,), strides=(2,), padding="VALID"), (2, 3, 6)),
+    "Linear": (lambda: torch.nn.Linear(5, 3), lambda: fnn.Dense(3), (4, 5)),
+    "LayerNorm": (lambda: torch.nn.LayerNorm(5), lambda: fnn.LayerNorm(epsilon=1e-5), (4, 5)),
+    "GroupNorm": (lambda: torch.nn.GroupNorm(2, 4), lambda: fnn.GroupNorm(num_groups=2, epsilon=1e-5), (2, 4, 3, 3)),
+}
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+def test_the_weight_transfer_knows_each_layout(kind):
+    make_torch, make_flax, shape = LAYERS[kind]
+
+    def torch_model():
+        torch.manual_seed(0)
+        layer = make_torch()
+        with torch.no_grad():  # non-trivial scale and bias for the norms
+            for p in layer.parameters():
+                p.add_(torch.randn_like(p) * 0.5)
+        return _One(layer)
+
+    spec = port.Spec(torch_model, lambda: _FlaxOne(make_flax),
+                     lambda: (np.random.default_rng(0).normal(size=shape).astype(np.float32),))
+    report = port.check_port(spec, "float64")
+    assert report.passed and max(r.port_error for r in report.rows) < 1e-10, report.format()
+
+
+def test_embedding_is_transferred():
+    spec = port.Spec(lambda: _One(torch.nn.Embedding(10, 4)), lambda: _FlaxOne(lambda: fnn.Embed(10, 4)),
+                     lambda: (np.array([[1, 5, 9], [0, 2, 2]]),), to_jax=lambda x: (x,), from_jax=np.asarray)
+    report = port.check_port(spec, "float64")
+    assert report.passed, report.format()
+    assert [(p.torch_key, p.jax_name) for p in report.pairings] == [("layer.weight", "params/Embed_0/embedding")]
+
+
+def test_cli_writes_the_report_and_exits_by_the_outcome(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert main(["check-port", str(EXAMPLES / "nanogpt_block.py"), "--json", str(out), "--markdown",
+                 str(tmp_path / "report.md")]) == 0
+    printed = capsys.readouterr().out
+    assert "ln_1.weight" in printed and "Agreement: all" in printed
+    data = json.loads(out.read_text())
+    assert data["passed"] and data["rows"][0]["stage"] == "forward"
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import importlib.util\n"
+        f"_s = importlib.util.spec_from_file_location('base', {str(EXAMPLES / 'nanogpt_block.py')!r})\n"
+        "base = importlib.util.module_from_spec(_s); _s.loader.exec_module(base)\n"
+        "base.MISTAKE = 'gelu-tanh'\n"
+        "torch_model, jax_model, example_inputs, example_targets = base.torch_model, base.jax_model, base.example_inputs, base.example_targets\n"
+        "to_jax, from_jax = base.to_jax, base.from_jax\n")
+    assert main(["check-port", str(planted)]) == 1
+    assert "First divergence: forward, mlp.c_proj" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ("def torch_model(): pass\ndef example_inputs(): pass\n", "defines no jax_model()"),
+        ("from base import *\ntorch_loss = lambda out, *a: out.sum()\n", "defines torch_loss() but not jax_loss()"),
+        ("from base import *\nimport flax.linen as fnn\n"
+         "class Extra(fnn.Module):\n    @fnn.compact\n    def __call__(self, x):\n"
+         "        return fnn.Dense(3)(fnn.Dense(3)(x))\n"
+         "jax_model = Extra\n", "Flax module(s) Dense_0 received no PyTorch weights"),
+        ("from base import *\nimport flax.linen as fnn\n"
+         "class Wrong(fnn.Module):\n    @fnn.compact\n    def __call__(self, x):\n        return fnn.Dense(4)(x)\n"
+         "jax_model = Wrong\n", "fc.weight has shape (3, 5)"),
+        ("raise RuntimeError('broken spec')\n", "fails to import"),
+    ],
+)
+def test_a_spec_it_cannot_use_exits_2_with_a_clear_message(tmp_path, capsys, monkeypatch, body, message):
+    (tmp_path / "base.py").write_text(
+        "import numpy as np, torch, flax.linen as fnn\n"
+        "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(5, 3)\n    def forward(self, x):\n        return self.fc(x)\n"
+        "def torch_model():\n    return Net()\n"
+        "def jax_model():\n    return fnn.Dense(3)\n"
+        "def example_inputs():\n    return (np.ones((2, 5), np.float32),)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = tmp_path / "spec.py"
+    spec.write_text(body)
+    assert main(["check-port", str(spec)]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["check-port", str(tmp_path / "absent.py")]) == 2
