@@ -13,7 +13,9 @@ compares, in debugging order, every quantity a port can get wrong:
 
 The reference is PyTorch in float64. In float32 a quantity passes when
 ``|JAX₃₂ − PyTorch₆₄| ≤ k · max(|PyTorch₃₂ − PyTorch₆₄|, 4 ulps of its scale)``: the port may be as far
-from the exact answer as PyTorch itself is, k times over (``k`` = 3 by default). Adam turns float32
+from the exact answer as PyTorch itself is, k times over (``k`` = 3 by default). PyTorch's own
+error is the largest of three float32 runs: as it is, and with the batch's samples in two other
+orders (put back in order after), which makes every reduction over the batch sum in another order. Adam turns float32
 rounding in near-zero gradients into lr-sized steps; PyTorch does that to itself too, and the
 criterion knows it. In float64 the port must agree within 1e-10 of each tensor's scale. The first
 quantity out of tolerance is named: stage, layer, tensor, both sides' values.
@@ -53,6 +55,7 @@ from functional_gan.errors import UserError
 
 DEFAULT_K = 3.0
 FLOAT64_TOLERANCE = 1e-10  # of a tensor's scale
+PERMUTED_RUNS = 2  # float32 PyTorch runs with the batch in another order, besides the plain one
 ULPS = 4  # the smallest noise allowed for, in units of float32's epsilon times a tensor's scale
 
 
@@ -424,27 +427,34 @@ def _compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float
 # --- running both -------------------------------------------------------------------------------------
 
 
-def _torch_side(spec: Spec, dtype: torch.dtype, state: dict | None, channels_last: bool = False):
+def _torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
     model = spec.torch_model()
     if state is not None:
         model.load_state_dict(state)
     model = model.to(dtype)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
     model.train(spec.train)
     optimizer = spec.torch_optimizer(model.parameters()) if spec.torch_optimizer else None
     return model, optimizer
 
 
 def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_layers: dict[str, str],
-                channels_last: bool = False):
-    """One forward (with each paired layer's output), loss, backward, optimizer step. Returns what it saw."""
+                permutation: np.ndarray | None = None):
+    """One forward (with each paired layer's output), loss, backward, optimizer step. Returns what it saw.
+
+    With ``permutation`` the samples go in that order and every output is put back in the original order.
+    """
+    if permutation is not None:
+        inputs = tuple(np.asarray(x)[permutation] for x in inputs)
+        targets = tuple(np.asarray(x)[permutation] for x in targets)
+        inverse = np.argsort(permutation)
+    unpermute = (lambda a: a[inverse] if a.ndim and a.shape[0] == len(inverse) else a) if permutation is not None \
+        else (lambda a: a)
     outputs, handles = {}, []
 
     def recorder(name):
         def hook(_module, _inputs, out):  # returns None: the module's output is left as it is
             # a copy: a later in-place op (ReLU(inplace=True), +=) must not change what was recorded
-            outputs.setdefault(name, out.detach().double().cpu().numpy().copy())
+            outputs.setdefault(name, unpermute(out.detach().double().cpu().numpy().copy()))
         return hook
 
     for name, module in model.named_modules():
@@ -455,14 +465,12 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
                 for x in arrays]
 
     tensors, target_tensors = on_torch(inputs), on_torch(targets)
-    if channels_last:
-        tensors = [t.contiguous(memory_format=torch.channels_last) if t.ndim == 4 else t for t in tensors]
     if optimizer is not None:
         optimizer.zero_grad()
     output = model(*tensors)
     for h in handles:
         h.remove()
-    seen = {"layers": outputs, "output": output.detach().double().cpu().numpy().copy()}
+    seen = {"layers": outputs, "output": unpermute(output.detach().double().cpu().numpy().copy())}
     if spec.torch_loss is not None:
         loss = spec.torch_loss(output, *tensors, *target_tensors)
         seen["loss"] = float(loss.detach())
@@ -513,13 +521,18 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         pairings = transfer(reference_model, variables, spec.param_map)
         layer_paths = {p.torch_key.rsplit(".", 1)[0] if "." in p.torch_key else "": p.jax_path[:-1] for p in pairings}
         rows: list[Row] = []
-        # PyTorch's own float32 noise: the float32 run, and for 4-D inputs the same in channels_last memory
-        # format (another summation order PyTorch itself uses); the larger of their errors counts.
+        # PyTorch's own float32 noise: the float32 run, and the same twice with the batch's samples in
+        # other orders (the reductions over the batch sum in other orders; outputs are put back in order);
+        # the largest of their errors counts.
         sides = {"ref": _torch_side(spec, torch.float64, state)}
+        batch = {np.shape(x)[0] for x in (*inputs, *targets) if np.ndim(x) > 0}
+        permutations = {}
         if dtype == "float32":
             sides["t32"] = _torch_side(spec, torch.float32, state)
-            if any(np.ndim(x) == 4 for x in inputs):
-                sides["t32-channels-last"] = _torch_side(spec, torch.float32, state, channels_last=True)
+            if len(batch) == 1 and (size := batch.pop()) > 1:
+                for variant in range(PERMUTED_RUNS):
+                    permutations[f"t32-permuted-{variant}"] = np.random.default_rng([seed, variant]).permutation(size)
+                    sides[f"t32-permuted-{variant}"] = _torch_side(spec, torch.float32, state)
         noise_sides = [name for name in sides if name != "ref"] or ["ref"]
         optimizer = spec.jax_optimizer() if spec.jax_optimizer else None
         opt_state = None
@@ -533,7 +546,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                                                     for k, v in params_state.items()})
             before = variables_from_torch(start, pairings, variables, jax_dtype)
             seen = {name: _torch_step(spec, model, opt, inputs, targets, torch.float64 if name == "ref" else torch.float32,
-                                      layer_paths, channels_last=name.endswith("channels-last"))
+                                      layer_paths, permutations.get(name))
                     for name, (model, opt) in sides.items()}
             for name, (model, _) in sides.items():
                 seen[name]["grads"] = torch_in_flax_layout(model, pairings, "grad")
