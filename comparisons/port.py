@@ -7,7 +7,8 @@ compares, in debugging order, every quantity a port can get wrong:
 1. each paired layer's output (PyTorch forward hooks ↔ Flax ``capture_intermediates``), the model's
    output, the loss;
 2. every parameter's gradient;
-3. every parameter after one optimizer step, every buffer (BatchNorm's running statistics);
+3. every parameter after one optimizer step from the same gradients (PyTorch's optimizer fed JAX's
+   gradients), every buffer (BatchNorm's running statistics);
 4. steps 2..N: the same, each step starting from PyTorch's parameters and buffers (teacher forcing;
    each framework keeps its own optimizer state).
 
@@ -159,6 +160,20 @@ def to_flax_layout(value: np.ndarray, transform: str) -> np.ndarray:
     if transform == "convT-flip":  # (in, out/groups, *k) → (*k, in, out), spatially flipped (lax.conv_transpose)
         spatial = tuple(range(2, value.ndim))
         return np.transpose(np.flip(value, spatial), (*spatial, 0, 1))
+    raise ValueError(transform)
+
+
+def from_flax_layout(value: np.ndarray, transform: str) -> np.ndarray:
+    """The inverse of :func:`to_flax_layout`."""
+    if transform == "=":
+        return value
+    if transform == "T":
+        return value.T
+    n = value.ndim
+    if transform == "conv":  # (*k, in/groups, out) → (out, in/groups, *k)
+        return np.transpose(value, (n - 1, n - 2, *range(n - 2)))
+    if transform == "convT-flip":  # (*k, in, out) → (in, out, *k), flipped back
+        return np.flip(np.transpose(value, (n - 2, n - 1, *range(n - 2))), tuple(range(2, n)))
     raise ValueError(transform)
 
 
@@ -401,6 +416,11 @@ class Report:
         return f"```text\n{text}\n```\n" if markdown else text
 
 
+def float32_allowed(noise: float, k: float = DEFAULT_K) -> float:
+    """The largest error (relative to a tensor's scale) a float32 port may have: k × PyTorch's own, at least 4 ulps."""
+    return k * max(noise, ULPS * float(np.finfo(np.float32).eps))
+
+
 def _compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float) -> Row:
     port = np.asarray(port, np.float64)
     reference = np.asarray(reference, np.float64)
@@ -419,7 +439,7 @@ def _compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float
     else:  # ``noisy``: PyTorch's float32 results; the largest of their errors is PyTorch's own noise
         noise = max((float(np.max(np.abs(np.asarray(n, np.float64) - reference))) / scale if reference.size else 0.0)
                     for n in noisy)
-        allowed = k * max(noise, ULPS * float(np.finfo(np.float32).eps))
+        allowed = float32_allowed(noise, k)
     return Row(stage, name, error, noise, allowed, scale, float(port[where]) if port.size else math.nan,
                float(reference[where]) if reference.size else math.nan)
 
@@ -480,6 +500,20 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
     return seen
 
 
+def _step_with_gradients(model, optimizer, start: dict, pairings: list[Pairing], flax_grads) -> dict[str, np.ndarray]:
+    """One PyTorch optimizer step from the parameters ``start`` with the given (Flax-layout) gradients; the result in Flax's layout."""
+    dtype = next(model.parameters()).dtype
+    model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in start.items()})
+    parameters = dict(model.named_parameters())
+    optimizer.zero_grad()
+    for p in pairings:
+        if p.collection == "params":
+            gradient = from_flax_layout(np.asarray(_get(flax_grads, p.jax_path), np.float64), p.transform)
+            parameters[p.torch_key].grad = torch.tensor(np.array(gradient), dtype=dtype)
+    optimizer.step()
+    return torch_in_flax_layout(model, pairings)
+
+
 def _flax_intermediates(tree, prefix=()):
     out = {}
     for name, value in dict(tree).items():
@@ -536,6 +570,15 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         noise_sides = [name for name in sides if name != "ref"] or ["ref"]
         optimizer = spec.jax_optimizer() if spec.jax_optimizer else None
         opt_state = None
+        # The update stage is judged from the same gradients: PyTorch's optimizer (float64, and float32 for its
+        # own noise) fed JAX's gradients, its state evolving with them as optax's does. Judged from each
+        # framework's own gradients instead, Adam's lr-sized steps on near-zero gradients make the
+        # comparison a matter of chance.
+        shadows = {}
+        if optimizer is not None:
+            shadows["ref"] = _torch_side(spec, torch.float64, state)
+            if dtype == "float32":
+                shadows["t32"] = _torch_side(spec, torch.float32, state)
         for step in range(1, steps + 1):
             prefix = f"step {step}: " if steps > 1 else ""
             start = sides["ref"][0]  # teacher forcing: every side starts the step from PyTorch64's parameters and buffers
@@ -573,10 +616,12 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     add("gradient", p.torch_key, _get(jax_seen["grads"], p.jax_path), ref["grads"][p.torch_key],
                         lambda side, key=p.torch_key: side["grads"][key])
             if optimizer is not None:
+                fed = {name: _step_with_gradients(model, opt, params_state, pairings, jax_seen["grads"])
+                       for name, (model, opt) in shadows.items()}
                 for p in pairings:
                     if p.collection == "params":
-                        add("update", p.torch_key, _get(jax_seen["params"], p.jax_path), ref["after"][p.torch_key],
-                            lambda side, key=p.torch_key: side["after"][key])
+                        rows.append(_compare(prefix + "update", p.torch_key, _get(jax_seen["params"], p.jax_path),
+                                             fed["ref"][p.torch_key], [fed.get("t32", fed["ref"])[p.torch_key]], dtype, k))
             for p in pairings:
                 if p.collection == "batch_stats" and "batch_stats" in jax_seen:
                     add("buffer", p.torch_key, _get(jax_seen["batch_stats"], p.jax_path), ref["after"][p.torch_key],
