@@ -32,7 +32,7 @@ def _example(name: str):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("name", NAMES)
 def test_the_ported_models_agree_with_pytorch(name, dtype):
-    report = port.check_port(port.spec_from_module(_example(name)), dtype, steps=2)
+    report = port.check_port(port.spec_from_module(_example(name)), dtype, steps=2 if name == "resnet_basic" else 1)
     assert report.passed, report.format()
     stages = {row.stage.split(": ")[-1] for row in report.rows}
     assert {"forward", "output", "loss", "gradient", "update"} <= stages
