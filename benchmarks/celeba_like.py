@@ -9,6 +9,7 @@ so the JPEGs have CelebA's size on disk, ~10 KB) and saved at quality 90. About 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -33,9 +34,12 @@ def make_folder(root: str | os.PathLike, count: int, seed: int = 0, processes: i
     folder.mkdir(parents=True, exist_ok=True)
     if sum(1 for _ in os.scandir(folder)) == count:
         return Path(root)
+    if count <= 2000:  # seconds in this process; no worker processes forked from a process running JAX
+        _write_range(str(folder), 0, count, seed)
+        return Path(root)
     processes = processes or os.cpu_count() or 1
     chunk = max(1, -(-count // (processes * 8)))
-    with ProcessPoolExecutor(processes) as pool:
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         for future in [pool.submit(_write_range, str(folder), s, min(s + chunk, count), seed) for s in range(0, count, chunk)]:
             future.result()
     return Path(root)

@@ -11,6 +11,7 @@ import fcntl
 import json
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -82,6 +83,20 @@ class RunLockedError(UserError):
     """Another ``train`` process is writing to the same run folder."""
 
 
+_stop = threading.Event()  # set by request_stop (a signal handler); the loop stops at the next iteration
+
+
+def request_stop() -> None:
+    """Ask a running ``train`` to stop at the next iteration (it raises KeyboardInterrupt there: workers
+    closed, checkpoints kept). Safe in a signal handler, unlike raising there: an exception raised
+    while the interpreter runs a ``__del__`` is printed and ignored, and training would go on."""
+    _stop.set()
+
+
+def stop_requested() -> bool:
+    return _stop.is_set()
+
+
 LOCK_NAME = ".train.lock"
 UNREADABLE_NAME = "unreadable_files.txt"  # in the run folder: image files that could not be read, one per line
 
@@ -151,6 +166,7 @@ def train(
       NonFiniteLossError: a loss became NaN/inf; the last good checkpoint is kept.
     """
     config.validate()
+    _stop.clear()
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a folder")
@@ -310,6 +326,8 @@ def _train(config: TrainConfig, out: Path, dataset: Dataset, mesh, progress: boo
             total=total_steps, initial=min(first_step, total_steps), desc="training", unit="it", disable=not progress
         ) as bar:
             for step in range(first_step, total_steps):
+                if _stop.is_set():
+                    raise KeyboardInterrupt
                 state, metrics = train_step(state, next(batches))
                 note_problems()
                 if pending is not None:

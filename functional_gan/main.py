@@ -139,12 +139,16 @@ def _run_train(args) -> int:
                                         args.join_timeout)
     import signal
 
-    from functional_gan.loop import train
+    from functional_gan.loop import request_stop, stop_requested, train
 
-    def stop(_signum, _frame):  # SIGTERM (a scheduler, `kill`) ends like Ctrl-C: workers stopped, checkpoints kept
-        raise KeyboardInterrupt
+    def stop(_signum, _frame):
+        # SIGTERM (a scheduler, `kill`) and Ctrl-C: the loop stops at the next iteration (workers closed,
+        # checkpoints kept); a second signal stops at once.
+        if stop_requested():
+            raise KeyboardInterrupt
+        request_stop()
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         result = train(config, args.out, progress=not args.no_progress, init_generator=args.init_generator,
                        init_discriminator=args.init_discriminator, workers=args.workers)
@@ -153,7 +157,8 @@ def _run_train(args) -> int:
             distributed.await_lost_peer(error, args.peer_timeout)
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     if not distributed.is_primary():
         return 0
     print(f"Done: iteration {result.last_step}. Results in {result.out_dir}/ "
