@@ -363,7 +363,7 @@ class Row:
     def ratio(self) -> float | None:
         if self.noise is None:
             return None
-        return self.port_error / max(self.noise, ULPS * float(np.finfo(np.float32).eps))
+        return self.port_error / _noise_at_least_ulps(self.noise)
 
 
 @dataclasses.dataclass
@@ -416,9 +416,13 @@ class Report:
         return f"```text\n{text}\n```\n" if markdown else text
 
 
+def _noise_at_least_ulps(noise: float) -> float:
+    return max(noise, ULPS * float(np.finfo(np.float32).eps))
+
+
 def float32_allowed(noise: float, k: float = DEFAULT_K) -> float:
     """The largest error (relative to a tensor's scale) a float32 port may have: k × PyTorch's own, at least 4 ulps."""
-    return k * max(noise, ULPS * float(np.finfo(np.float32).eps))
+    return k * _noise_at_least_ulps(noise)
 
 
 def _compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float) -> Row:

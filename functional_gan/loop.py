@@ -302,11 +302,10 @@ def _train(config: TrainConfig, out: Path, dataset: Dataset, mesh, progress: boo
         print_fn(f"Compiled the training step in {compile_seconds:.1f} s")
 
     def note_problems() -> None:
-        if batches.problems:
-            for problem in batches.problems:
-                print_fn(f"Skipped an unreadable image file (the next readable one takes its place): {problem}")
-            record_problems(problems_path, batches.problems)
-            batches.problems.clear()
+        problems = batches.take_problems()
+        for problem in problems:
+            print_fn(f"Skipped an unreadable image file (the next readable one takes its place): {problem}")
+        record_problems(problems_path, problems)
 
     def record(step_done: int, metrics: StepMetrics, log_file) -> dict:
         values = {name: float(to_host(v)) for name, v in zip(METRIC_NAMES, metrics)}

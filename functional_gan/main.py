@@ -139,6 +139,8 @@ def _run_train(args) -> int:
                                         args.join_timeout)
     import signal
 
+    import jax
+
     from functional_gan.loop import request_stop, stop_requested, train
 
     def stop(_signum, _frame):
@@ -152,8 +154,8 @@ def _run_train(args) -> int:
     try:
         result = train(config, args.out, progress=not args.no_progress, init_generator=args.init_generator,
                        init_discriminator=args.init_discriminator, workers=args.workers)
-    except Exception as error:
-        if processes is not None and type(error).__name__ == "JaxRuntimeError":
+    except jax.errors.JaxRuntimeError as error:
+        if processes is not None:
             distributed.await_lost_peer(error, args.peer_timeout)
         raise
     finally:

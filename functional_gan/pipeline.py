@@ -22,7 +22,6 @@ import os
 import threading
 from pathlib import Path
 
-import numpy as np
 
 from functional_gan.data import Dataset, ImageDataset, to_unit_range
 from functional_gan.errors import UserError
@@ -77,7 +76,7 @@ class Batches:
 
     ``next(batches)`` returns the batch of the next iteration as float32 in [−1, 1], NHWC, placed
     on the mesh's devices (or left as a host array without a mesh). ``problems`` lists the
-    unreadable files met so far (each once); ``files_read`` counts the files this process opened.
+    unreadable files not yet taken (:meth:`take_problems`); ``files_read`` counts the files this process opened.
     """
 
     def __init__(self, dataset: Dataset, seed: int, batch_size: int, first_step: int, total_steps: int,
@@ -86,9 +85,12 @@ class Batches:
         self.global_shape = (batch_size, *dataset.image_shape)
         self.sharding, self.rows = None, slice(None)
         if mesh is not None:
+            import jax
+
             from functional_gan.distributed import process_rows
             from functional_gan.train import batch_sharding
 
+            self._assemble = jax.make_array_from_process_local_data
             self.sharding = batch_sharding(mesh)
             self.rows = process_rows(self.sharding, self.global_shape)  # this process reads only these rows
         self.workers = 0 if isinstance(dataset, ImageDataset) else workers  # in memory: nothing to decode
@@ -117,9 +119,7 @@ class Batches:
     def __next__(self):
         try:
             record = next(self._iterator)
-        except StopIteration:
-            raise
-        except UserError:
+        except (StopIteration, UserError):
             raise
         except Exception as error:
             if "Worker process was terminated" in str(error) or "worker" in type(error).__name__.lower():
@@ -137,9 +137,12 @@ class Batches:
         local = to_unit_range(record.pop("images"))  # a new array: the worker's shared memory is released here
         if self.sharding is None:
             return local
-        import jax
+        return self._assemble(self.sharding, local, self.global_shape)
 
-        return jax.make_array_from_process_local_data(self.sharding, local, self.global_shape)
+    def take_problems(self) -> list[str]:
+        """The unreadable files met since the last call (each file once over the whole run)."""
+        taken, self.problems = self.problems, []
+        return taken
 
     def close(self) -> None:
         """Stop the worker processes (also done when the object is garbage collected)."""

@@ -1,6 +1,9 @@
-"""Shared test helpers: NCHW↔NHWC, PyTorch model ↔ GANState, and one tree_allclose."""
+"""Shared test helpers: NCHW↔NHWC, PyTorch model ↔ GANState, one tree_allclose, a free port, a run's grids."""
 
 from __future__ import annotations
+
+import socket
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -44,3 +47,15 @@ def max_state_dict_difference(jax_params, jax_batch_stats, torch_module) -> floa
     theirs = state_dict_numpy(torch_module)
     assert ours.keys() == theirs.keys()
     return max(float(np.max(np.abs(ours[k].astype(np.float64) - theirs[k].astype(np.float64)))) for k in theirs)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a test's coordinator)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_grids(run: Path) -> dict[str, bytes]:
+    """A run folder's fixed-noise grids, by file name: two runs that trained alike drew the same bytes."""
+    return {p.name: p.read_bytes() for p in sorted((run / "samples").glob("iter_*.png"))}

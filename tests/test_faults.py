@@ -25,7 +25,7 @@ import pytest
 from functional_gan import checkpoints
 from functional_gan.config import TrainConfig
 from functional_gan.main import main
-from tests.helpers import tree_allclose
+from tests.helpers import run_grids, tree_allclose
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,9 +44,6 @@ def _state(run: Path):
     return checkpoints.load_newest_good(run)
 
 
-def _grids(run: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted((run / "samples").glob("iter_*.png"))}
-
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
@@ -62,7 +59,7 @@ def _assert_same_run(run: Path, straight: Path) -> None:
     assert tree_allclose(restored.state, reference.state), "parameters differ from the uninterrupted run"
     # No duplicated or missing iterations, every value as in the uninterrupted run.
     assert (run / "metrics.jsonl").read_text() == (straight / "metrics.jsonl").read_text()
-    assert _grids(run) == _grids(straight)
+    assert run_grids(run) == run_grids(straight)
 
 
 # --- SIGKILL -----------------------------------------------------------------------------------------

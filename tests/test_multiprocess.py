@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from functional_gan import checkpoints
-from tests.helpers import tree_allclose
+from tests.helpers import free_port, run_grids, tree_allclose
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_TIMEOUT = 5  # seconds; short so that the tests are quick (the default is 60)
@@ -26,13 +26,6 @@ ARGS = ["--steps", "24", "--batch-size", "8", "--image-size", "32", "--nz", "8",
         "--ndf", "4", "--checkpoint-every", "3", "--sample-every", "6", "--log-every", "6", "--no-progress",
         "--peer-timeout", str(PEER_TIMEOUT), "--join-timeout", "60"]
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(out: Path, port: int, process_id: int, num_processes: int = 2, fault: tuple[str, int] | None = None,
@@ -48,7 +41,7 @@ def _start(out: Path, port: int, process_id: int, num_processes: int = 2, fault:
 
 def _run_two(out: Path, data: Path, faults=(None, None)) -> list[tuple[int, str, float]]:
     """Both processes to their end: (exit status, output, time it ended) for each."""
-    port = _free_port()
+    port = free_port()
     processes = [_start(out, port, i, fault=faults[i], data=str(data), extra=("--workers", "1")) for i in range(2)]
     results = [None, None]
     deadline = time.monotonic() + 600
@@ -62,9 +55,6 @@ def _run_two(out: Path, data: Path, faults=(None, None)) -> list[tuple[int, str,
     assert None not in results, "a process did not end within 10 minutes"
     return results
 
-
-def _grids(run: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted((run / "samples").glob("iter_*.png"))}
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +81,7 @@ def test_two_processes_run_past_every_checkpoint_deletion_to_the_end(straight):
     for step in (18, 21, 24):
         checkpoints.verify(straight / "checkpoints" / str(step), step)
     assert [json.loads(line)["step"] for line in (straight / "metrics.jsonl").read_text().splitlines()] == list(range(1, 25))
-    assert sorted(_grids(straight)) == [f"iter_{s:06d}.png" for s in (6, 12, 18, 24)]
+    assert sorted(run_grids(straight)) == [f"iter_{s:06d}.png" for s in (6, 12, 18, 24)]
 
 
 def test_each_process_decodes_only_its_rows_of_each_global_batch(straight):
@@ -125,12 +115,12 @@ def test_a_killed_process_stops_the_other_cleanly_and_the_rerun_equals_an_uninte
         assert code == 0, output[-3000:]
     assert "Resuming from the checkpoint at iteration 12" in resumed[0][1]
     assert (run / "metrics.jsonl").read_text() == (straight / "metrics.jsonl").read_text()
-    assert _grids(run) == _grids(straight)
+    assert run_grids(run) == run_grids(straight)
     assert tree_allclose(checkpoints.load_newest_good(run).state, checkpoints.load_newest_good(straight).state)
 
 
 def test_different_num_processes_is_a_clear_error_and_writes_nothing(tmp_path):
-    port = _free_port()
+    port = free_port()
     out = tmp_path / "run"
     processes = [_start(out, port, 0, num_processes=2), _start(out, port, 1, num_processes=3)]
     outputs = [p.communicate(timeout=300)[0] for p in processes]
@@ -144,7 +134,7 @@ def test_different_num_processes_is_a_clear_error_and_writes_nothing(tmp_path):
 def test_an_unreachable_coordinator_is_a_clear_error_within_the_join_timeout(tmp_path):
     out = tmp_path / "run"
     start = time.monotonic()
-    process = _start(out, _free_port(), 1, extra=("--join-timeout", "3"))
+    process = _start(out, free_port(), 1, extra=("--join-timeout", "3"))
     output = process.communicate(timeout=300)[0]
     assert process.returncode == 3, output[-3000:]
     assert "process 1 could not join the run through the coordinator 127.0.0.1:" in output

@@ -19,7 +19,7 @@ from functional_gan.benchmarks.celeba_like import make_folder
 from functional_gan.data import DataError, Dataset, ImageDataset, load_array, load_dataset, load_image_folder
 from functional_gan.main import main
 from functional_gan.pipeline import Batches, InputPipelineError
-from tests.helpers import tree_allclose
+from tests.helpers import run_grids, tree_allclose
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--batch-size", "8", "--image-size", "32", "--nz", "8", "--ngf", "4", "--ndf", "4", "--no-progress"]
@@ -106,8 +106,7 @@ def test_sigkill_then_resume_on_a_folder_run_is_bit_identical(tmp_path, folder):
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert main(["train", *args, "--out", str(run)]) == 0
     assert (run / "metrics.jsonl").read_text() == (straight / "metrics.jsonl").read_text()
-    grids = {p.name: p.read_bytes() for p in (run / "samples").glob("*.png")}
-    assert grids == {p.name: p.read_bytes() for p in (straight / "samples").glob("*.png")}
+    assert run_grids(run) == run_grids(straight)
     assert tree_allclose(checkpoints.load_newest_good(run).state, checkpoints.load_newest_good(straight).state)
 
 

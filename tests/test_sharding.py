@@ -13,6 +13,7 @@ import pytest
 
 from functional_gan.config import ConfigError, TrainConfig
 from functional_gan.train import data_parallel_mesh
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,13 +83,6 @@ def test_cli_refuses_more_devices_than_there_are(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_two_processes_equal_one_process_with_four_devices(tmp_path):
     """`train` over 2 processes × 2 CPU devices (gloo collectives on 127.0.0.1) = 1 process × 4 devices."""
@@ -98,7 +92,7 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
             "--image-size", "32", "--nz", "8", "--ngf", "4", "--ndf", "4", "--checkpoint-every", "3",
             "--sample-every", "3", "--log-every", "3", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    port = _free_port()
+    port = free_port()
     two = [subprocess.Popen([sys.executable, *args, "--out", str(tmp_path / "two"), "--coordinator", f"127.0.0.1:{port}",
                              "--num-processes", "2", "--process-id", str(i)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
