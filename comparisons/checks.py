@@ -15,6 +15,7 @@ import torch
 from functional_gan import layers, linreg
 from functional_gan.config import TrainConfig
 from functional_gan.metrics import METRIC_NAMES
+from functional_gan.pytorch import dcgan
 from functional_gan.pytorch import linreg as torch_linreg
 from functional_gan.replay import config_from_state_dicts, replay
 from functional_gan.train import make_gan_step
@@ -108,6 +109,36 @@ def check_teacher_forced_float32(spec: TrainConfig, torch_run=None, steps: list[
     return CheckResult(
         f"float32 teacher forcing, {len(rows)} steps of a {spec.steps}-step PyTorch run",
         tolerance, max(r.metric_rel for r in rows), passed, detail, columns,
+    )
+
+
+def check_intermediates_float32(spec: TrainConfig, k: float = 3.0) -> CheckResult:
+    """The divergence finder in float32 over ``spec.steps`` iterations: every intermediate within k × PyTorch's own error.
+
+    Each iteration starts from PyTorch float64's state; each layer's output, the losses, every gradient,
+    every update (from the same gradients) and running statistic is judged against PyTorch float64,
+    allowed k times the largest error of PyTorch's own float32 runs of that iteration (see
+    :mod:`.diverge`, the same core as ``check-port``).
+    """
+    from . import diverge
+
+    net_g, net_d = dcgan.make_models(spec, dtype=torch.float64)
+    real, noise = reference_runs.make_batches(spec)
+    divergence, history = diverge.find_divergence(
+        dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_d), real, noise, "float32", optimizer=spec, k=k)
+    entries = [e for step in history for e in step]
+    judged = [e for e in entries if not e.kinks]
+    ratios = np.array([e.row.ratio for e in judged])
+    worst = max(judged, key=lambda e: e.row.ratio)
+    detail = (f"{len(entries)} quantities over {len(history)} iteration(s); worst ratio to PyTorch's own float32 error "
+              f"{worst.row.ratio:.2f} ({worst.stage}, {worst.network} {worst.name}); median {np.median(ratios):.2f}; "
+              f"gradients behind a ReLU input float32 moved across 0 (chance): {len(entries) - len(judged)}")
+    if divergence is not None:
+        detail = diverge.format_divergence(divergence, history, "float32", k=k).splitlines()[0] + "; " + detail
+    return CheckResult(
+        f"float32 intermediates, {spec.steps} iterations at {spec.image_size}×{spec.image_size}, batch {spec.batch_size}",
+        f"every intermediate |JAX − PyTorch64| ≤ {k:g} × max(PyTorch32's own error, 4 ulps), relative to its scale",
+        worst.row.ratio, divergence is None, detail, {"ratio": ratios},
     )
 
 

@@ -425,7 +425,14 @@ def float32_allowed(noise: float, k: float = DEFAULT_K) -> float:
     return k * _noise_at_least_ulps(noise)
 
 
-def _compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float) -> Row:
+def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float = DEFAULT_K,
+            tolerance: float | None = None) -> Row:
+    """One quantity judged: the port's error against the float64 reference, relative to the reference's scale.
+
+    float64: within ``tolerance`` (default 1e-10). float32: within k × PyTorch's own error, the largest of
+    ``noisy`` (PyTorch's float32 results) against the reference, at least 4 ulps; a ``tolerance`` given
+    replaces that criterion with a fixed one.
+    """
     port = np.asarray(port, np.float64)
     reference = np.asarray(reference, np.float64)
     if port.shape != reference.shape:
@@ -438,12 +445,12 @@ def _compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float
     error = float(difference[where]) / scale if difference.size else 0.0
     if not np.all(np.isfinite(port)):
         error = math.inf
-    if dtype == "float64":
-        noise, allowed = None, FLOAT64_TOLERANCE
+    if dtype == "float64" or (tolerance is not None and not noisy):
+        noise, allowed = None, FLOAT64_TOLERANCE if tolerance is None else tolerance
     else:  # ``noisy``: PyTorch's float32 results; the largest of their errors is PyTorch's own noise
         noise = max((float(np.max(np.abs(np.asarray(n, np.float64) - reference))) / scale if reference.size else 0.0)
                     for n in noisy)
-        allowed = float32_allowed(noise, k)
+        allowed = float32_allowed(noise, k) if tolerance is None else tolerance
     return Row(stage, name, error, noise, allowed, scale, float(port[where]) if port.size else math.nan,
                float(reference[where]) if reference.size else math.nan)
 
@@ -603,7 +610,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
             ref = seen["ref"]
 
             def add(stage, name, port, reference, pick):
-                rows.append(_compare(prefix + stage, name, port, reference, [pick(seen[n]) for n in noise_sides], dtype, k))
+                rows.append(compare(prefix + stage, name, port, reference, [pick(seen[n]) for n in noise_sides], dtype, k))
 
             for torch_name in ref["layers"]:  # in the order PyTorch ran them
                 path = layer_paths[torch_name]
@@ -624,7 +631,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                        for name, (model, opt) in shadows.items()}
                 for p in pairings:
                     if p.collection == "params":
-                        rows.append(_compare(prefix + "update", p.torch_key, _get(jax_seen["params"], p.jax_path),
+                        rows.append(compare(prefix + "update", p.torch_key, _get(jax_seen["params"], p.jax_path),
                                              fed["ref"][p.torch_key], [fed.get("t32", fed["ref"])[p.torch_key]], dtype, k))
             for p in pairings:
                 if p.collection == "batch_stats" and "batch_stats" in jax_seen:

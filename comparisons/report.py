@@ -86,6 +86,7 @@ def run_suite(out_dir: str | Path, groups=GROUPS, quality_spec: quality.QualityS
             out / "losses_float64.png", "float64: PyTorch and JAX loss curves", small.curves["torch"], small.curves["jax"])))
     if "teacher-forcing" in groups:
         teacher = add(checks.check_teacher_forced_float32(TEACHER_FORCING))
+        add(checks.check_intermediates_float32(TUTORIAL_WIDTHS))
         drift = add(checks.report_free_running_float32(TEACHER_FORCING))
         curves["float32 free-running (drift)"] = drift.curves["per_step_max_abs"]
         curves["float32 teacher-forced (relative)"] = teacher.curves["metric_rel"]

@@ -6,7 +6,7 @@ The step reads like the tutorial's loop, with ``jax.lax.stop_gradient`` standing
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -152,41 +152,24 @@ def gan_step(
     generator, discriminator = make_models(config)
     optimizer = make_optimizer(config)
     losses = losses or losses_for(config, mix_N)
-
-    def generate(generator_params):
-        fake, updates = generator.apply(
-            {"params": generator_params, "batch_stats": state.generator_batch_stats}, noise_NZ, mutable=["batch_stats"]
-        )
-        return fake, updates["batch_stats"]
-
-    fake, generator_vjp, generator_batch_stats = jax.vjp(generate, state.generator_params, has_aux=True)
+    fake, generator_vjp, generator_batch_stats = generate(generator, state, noise_NZ)
 
     # (1) Update D: maximize log(D(x)) + log(1 - D(G(z))).
-    (loss_d, (discriminator_batch_stats, d_x, d_g_z1)), discriminator_grads = jax.value_and_grad(
-        losses.discriminator, argnums=1, has_aux=True
-    )(discriminator, state.discriminator_params, state.discriminator_batch_stats, real_NHWC, fake)
-    updates, discriminator_opt_state = optimizer.update(
-        discriminator_grads, state.discriminator_opt_state, state.discriminator_params
-    )
-    discriminator_params = optax.apply_updates(state.discriminator_params, updates)
+    d_step = discriminator_update(discriminator, optimizer, losses, state, real_NHWC, fake)
 
     # (2) Update G: maximize log(D(G(z))), through the updated D, on the same `fake`.
-    (loss_g, (stats_after_g_pass, d_g_z2)), fake_cotangent = jax.value_and_grad(
-        losses.generator, argnums=3, has_aux=True
-    )(discriminator, discriminator_params, discriminator_batch_stats, fake)
-
     def update_generator(_):
-        (generator_grads,) = generator_vjp(fake_cotangent)
-        updates, opt_state = optimizer.update(generator_grads, state.generator_opt_state, state.generator_params)
-        return optax.apply_updates(state.generator_params, updates), opt_state, stats_after_g_pass
+        g_step = generator_update(discriminator, optimizer, losses, state, d_step.params, d_step.batch_stats, fake, generator_vjp)
+        return g_step.params, g_step.opt_state, g_step.discriminator_batch_stats, g_step.loss, g_step.d_g_z2
 
-    def keep_generator(_):
-        return state.generator_params, state.generator_opt_state, discriminator_batch_stats
+    def keep_generator(_):  # errG is still computed for the log; nothing of G, nor of that pass through D, changes
+        loss_g, (_, d_g_z2) = losses.generator(discriminator, d_step.params, d_step.batch_stats, fake)
+        return state.generator_params, state.generator_opt_state, d_step.batch_stats, loss_g, d_g_z2
 
     if config.n_critic == 1:
-        generator_params, generator_opt_state, discriminator_batch_stats = update_generator(None)
+        generator_params, generator_opt_state, discriminator_batch_stats, loss_g, d_g_z2 = update_generator(None)
     else:
-        generator_params, generator_opt_state, discriminator_batch_stats = jax.lax.cond(
+        generator_params, generator_opt_state, discriminator_batch_stats, loss_g, d_g_z2 = jax.lax.cond(
             (state.step + 1) % config.n_critic == 0, update_generator, keep_generator, None
         )
 
@@ -194,12 +177,70 @@ def gan_step(
         step=state.step + 1,
         generator_params=generator_params,
         generator_batch_stats=generator_batch_stats,
-        discriminator_params=discriminator_params,
+        discriminator_params=d_step.params,
         discriminator_batch_stats=discriminator_batch_stats,
         generator_opt_state=generator_opt_state,
-        discriminator_opt_state=discriminator_opt_state,
+        discriminator_opt_state=d_step.opt_state,
     )
-    return new_state, StepMetrics(loss_d, loss_g, d_x, d_g_z1, d_g_z2)
+    return new_state, StepMetrics(d_step.loss, loss_g, d_step.d_x, d_step.d_g_z1, d_g_z2)
+
+
+# The three parts of ``gan_step``, public so that the divergence finder runs the step itself, part by part
+# (and can start the G part from PyTorch's updated D).
+
+
+def generate(generator: Generator, state: GANState, noise_NZ: jax.Array):
+    """``fake = netG(noise)``: (fake, G's VJP for the G step, G's updated running statistics)."""
+
+    def forward(generator_params):
+        fake, updates = generator.apply(
+            {"params": generator_params, "batch_stats": state.generator_batch_stats}, noise_NZ, mutable=["batch_stats"]
+        )
+        return fake, updates["batch_stats"]
+
+    return jax.vjp(forward, state.generator_params, has_aux=True)
+
+
+class DiscriminatorUpdate(NamedTuple):
+    loss: jax.Array  # errD (errD_real + errD_fake for the tutorial's BCE)
+    grads: Any
+    params: Any  # after the optimizer step
+    opt_state: Any
+    batch_stats: Any  # after the passes on real and on stop_gradient(fake)
+    d_x: jax.Array
+    d_g_z1: jax.Array
+
+
+def discriminator_update(discriminator, optimizer, losses: GANLoss, state: GANState, real_NHWC, fake_NHWC) -> DiscriminatorUpdate:
+    """D's half of the iteration: D's loss on real and on ``stop_gradient(fake)``, its gradients, one optimizer step."""
+    (loss_d, (batch_stats, d_x, d_g_z1)), grads = jax.value_and_grad(losses.discriminator, argnums=1, has_aux=True)(
+        discriminator, state.discriminator_params, state.discriminator_batch_stats, real_NHWC, fake_NHWC
+    )
+    updates, opt_state = optimizer.update(grads, state.discriminator_opt_state, state.discriminator_params)
+    return DiscriminatorUpdate(loss_d, grads, optax.apply_updates(state.discriminator_params, updates), opt_state,
+                               batch_stats, d_x, d_g_z1)
+
+
+class GeneratorUpdate(NamedTuple):
+    loss: jax.Array  # errG
+    fake_cotangent: jax.Array  # d errG / d fake
+    grads: Any
+    params: Any  # after the optimizer step
+    opt_state: Any
+    discriminator_batch_stats: Any  # after the pass of fake through the updated D
+    d_g_z2: jax.Array
+
+
+def generator_update(discriminator, optimizer, losses: GANLoss, state: GANState, discriminator_params,
+                     discriminator_batch_stats, fake_NHWC, generator_vjp) -> GeneratorUpdate:
+    """G's half: errG through the given (updated) D on the same ``fake``, G's gradients by its VJP, one optimizer step."""
+    (loss_g, (stats_after_pass, d_g_z2)), fake_cotangent = jax.value_and_grad(losses.generator, argnums=3, has_aux=True)(
+        discriminator, discriminator_params, discriminator_batch_stats, fake_NHWC
+    )
+    (grads,) = generator_vjp(fake_cotangent)
+    updates, opt_state = optimizer.update(grads, state.generator_opt_state, state.generator_params)
+    return GeneratorUpdate(loss_g, fake_cotangent, grads, optax.apply_updates(state.generator_params, updates), opt_state,
+                           stats_after_pass, d_g_z2)
 
 
 DATA_AXIS = "data"

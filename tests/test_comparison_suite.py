@@ -31,6 +31,7 @@ def _result(suite, prefix):
         "DCGAN float64 trajectory, the tutorial's widths",
         "WGAN-GP float64 trajectory, small widths, 30 steps",
         "float32 teacher forcing, 50 steps",
+        "float32 intermediates, 3 iterations at 64×64",
         "float64 trajectory vs recorded",
     ],
 )
