@@ -103,13 +103,15 @@ def _blocking(fn):
 class Context:
     """What every workload shares: versions, devices, threads, the measured peak."""
 
-    def __init__(self, repeats: int, with_torch_compile: bool):
+    def __init__(self, repeats: int, with_torch_compile: bool, tf32: bool = False):
         import torch
 
         from functional_gan.pytorch.precision import full_float32_precision
 
-        jax.config.update("jax_default_matmul_precision", "highest")
-        full_float32_precision()
+        # Full float32 on both sides by default; --tf32 lets both round matmul/convolution inputs to TF32 on GPUs.
+        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if tf32 else "highest")
+        full_float32_precision(allow_tf32=tf32)
+        self.tf32 = tf32
         self.repeats = repeats
         self.with_torch_compile = with_torch_compile
         self.backend = jax.default_backend()
@@ -121,7 +123,7 @@ class Context:
             "jax": jax.__version__, "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else jax.__version__,
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.processor() or platform.machine(),
             "cpu": _cpu_name(), "threads": self.threads, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "transposed_conv_form": _transposed_conv_form(),
+            "transposed_conv_form": _transposed_conv_form(), "tf32": tf32,
         }
         self.peak = {}
 
@@ -554,6 +556,9 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per framework (default 7; --quick 3)")
     p.add_argument("--scan-steps", type=int, default=4, help="steps per call for the lax.scan variant")
     p.add_argument("--no-torch-compile", action="store_true", help="leave torch.compile out")
+    p.add_argument("--tf32", action="store_true",
+                   help="GPUs: let both frameworks run float32 matmuls and convolutions with TF32 inputs (default: full "
+                   "float32 on both; no effect on CPUs)")
     p.add_argument("--no-layers", action="store_true", help="leave the per-layer timings out")
     p.add_argument("--json", metavar="FILE", help="write one record per workload × framework × batch")
     p.add_argument("--markdown", metavar="FILE", help="write the tables, the method and the machine as Markdown")
@@ -575,7 +580,7 @@ def run(args) -> int:
     scaling = args.scaling if args.scaling is not None else ([] if args.quick else list(SCALING_BATCHES))
     if not batches or min(batches + scaling + [repeats, args.scan_steps]) <= 0:
         raise UserError("batch sizes, repeats and --scan-steps must be positive")
-    ctx = Context(repeats, with_torch_compile=not args.no_torch_compile)
+    ctx = Context(repeats, with_torch_compile=not args.no_torch_compile, tf32=args.tf32)
     for line in header_lines(ctx):
         print(line)
     config = TUTORIAL
@@ -620,7 +625,7 @@ def run(args) -> int:
 
 def _argv_of(args) -> list[str]:
     out = []
-    for flag in ("quick", "no_torch_compile", "no_layers"):
+    for flag in ("quick", "no_torch_compile", "no_layers", "tf32"):
         if getattr(args, flag):
             out.append("--" + flag.replace("_", "-"))
     for flag in ("batch_sizes", "scaling", "repeats", "json", "markdown", "plot"):

@@ -19,14 +19,35 @@ Nothing here imports PyTorch; :mod:`functional_gan.pytorch`, :mod:`functional_ga
 :mod:`functional_gan.comparisons` and :mod:`functional_gan.benchmarks` do, and need the torch extra.
 """
 
-from functional_gan.config import TUTORIAL, TrainConfig, config_for_loss
-from functional_gan.convert import load_state_dict_file, save_state_dict_file, state_dict_to_variables, variables_to_state_dict
-from functional_gan.errors import UserError
-from functional_gan.layers import BatchNorm2d, Conv2d, ConvTranspose2d, bce_loss, conv2d, conv_transpose2d
-from functional_gan.losses import LOSSES, GANLoss, losses_for
-from functional_gan.metrics import METRIC_NAMES, StepMetrics
-from functional_gan.models import Critic, Discriminator, Generator
-from functional_gan.train import GANState, gan_step, init_state, make_models, make_sampler, make_train_step
+# Imported on first use (PEP 562), so that ``import functional_gan`` and the command line's ``--help`` do not
+# load JAX; ``from functional_gan import gan_step`` works as before.
+_WHERE = {
+    "config": ("TUTORIAL", "TrainConfig", "config_for_loss"),
+    "convert": ("load_state_dict_file", "save_state_dict_file", "state_dict_to_variables", "variables_to_state_dict"),
+    "errors": ("UserError",),
+    "layers": ("BatchNorm2d", "Conv2d", "ConvTranspose2d", "bce_loss", "conv2d", "conv_transpose2d"),
+    "losses": ("LOSSES", "GANLoss", "losses_for"),
+    "metrics": ("METRIC_NAMES", "StepMetrics"),
+    "models": ("Critic", "Discriminator", "Generator"),
+    "train": ("GANState", "gan_step", "init_state", "make_models", "make_sampler", "make_train_step"),
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'functional_gan' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"functional_gan.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_MODULE_OF))
+
 
 __all__ = [
     "TUTORIAL", "TrainConfig", "config_for_loss", "UserError",

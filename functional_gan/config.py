@@ -6,8 +6,11 @@ import dataclasses
 import math
 
 from functional_gan.errors import UserError
-from functional_gan.losses import LOSSES
-from functional_gan.models import SUPPORTED_IMAGE_SIZES
+
+# Kept free of JAX imports, so that the command line's --help answers without loading JAX.
+SUPPORTED_IMAGE_SIZES = (32, 64, 128)  # the tutorial's 64 and the sizes one block fewer or more gives
+DEFAULT_JOIN_TIMEOUT = 300  # seconds; JAX's own default for jax.distributed.initialize
+DEFAULT_PEER_TIMEOUT = 60  # seconds without a heartbeat before a process counts as dead (JAX's default: 100)
 
 GRIDS_PER_RUN = 20  # fixed-noise grids of a run when --sample-every is not given
 
@@ -59,6 +62,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 problems.append(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        from functional_gan.losses import LOSSES
+
         if self.loss not in LOSSES:
             problems.append(f"--loss {self.loss!r} is not known; choose one of {tuple(LOSSES)}")
         if not (math.isfinite(self.gp_weight) and self.gp_weight >= 0):

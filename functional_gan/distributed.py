@@ -18,6 +18,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from functional_gan.config import DEFAULT_JOIN_TIMEOUT, DEFAULT_PEER_TIMEOUT
 from functional_gan.errors import UserError
 
 
@@ -40,8 +41,6 @@ def settings_from_environment() -> tuple[str | None, int | None, int | None]:
     return os.environ.get("JAX_COORDINATOR_ADDRESS") or None, integer("JAX_NUM_PROCESSES"), integer("JAX_PROCESS_ID")
 
 
-DEFAULT_JOIN_TIMEOUT = 300  # seconds; JAX's own default for jax.distributed.initialize
-DEFAULT_PEER_TIMEOUT = 60  # seconds without a heartbeat before a process counts as dead (JAX's default: 100)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,9 +15,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from functional_gan.config import SUPPORTED_IMAGE_SIZES
 from functional_gan.layers import BatchNorm2d, Conv2d, ConvTranspose2d
-
-SUPPORTED_IMAGE_SIZES = (32, 64, 128)
 
 
 def num_stride2_blocks(image_size: int) -> int:

@@ -22,7 +22,11 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "float64": torch.float64}[name]
 
 
-def full_float32_precision() -> None:
-    """No TF32 passes on GPUs (no effect on CPU): what parity checks and fair benchmarks need."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+def full_float32_precision(allow_tf32: bool = False) -> None:
+    """No TF32 passes on GPUs (no effect on CPU): what parity checks and fair benchmarks need.
+
+    ``allow_tf32=True``: PyTorch's matmuls and cuDNN convolutions may round their inputs to TF32
+    (10-bit mantissa) on GPUs that have it, the speed setting many training scripts turn on.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
