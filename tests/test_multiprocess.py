@@ -35,7 +35,7 @@ def _start(out: Path, port: int, process_id: int, num_processes: int = 2, fault:
         [sys.executable, *program, "--data", data, *ARGS, *extra, "--out", str(out), "--coordinator", f"127.0.0.1:{port}",
          "--num-processes", str(num_processes), "--process-id", str(process_id)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
     )
 
 

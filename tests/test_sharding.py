@@ -54,7 +54,7 @@ print(json.dumps({"uneven": uneven, "metric": worst_metric, "state": worst_state
 
 
 def test_four_devices_equal_one_device_in_float64():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -96,9 +96,9 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
     two = [subprocess.Popen([sys.executable, *args, "--out", str(tmp_path / "two"), "--coordinator", f"127.0.0.1:{port}",
                              "--num-processes", "2", "--process-id", str(i)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
-                            env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}) for i in range(2)]
+                            env={**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}) for i in range(2)]
     one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one"), "--devices", "4"], capture_output=True,
-                         text=True, timeout=600, env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+                         text=True, timeout=600, env={**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     outputs = [p.communicate(timeout=600)[0] for p in two]
     assert one.returncode == 0, one.stderr[-3000:]
     for process, output in zip(two, outputs):

@@ -106,9 +106,10 @@ def test_the_step_compiles_once(caplog):
     assert len(traces) == 1, [r.getMessage() for r in caplog.records]
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU-only property: XLA:CPU's slow path for lhs_dilate; "
+                    "on GPUs the step keeps JAX's own (dilated) transposed convolutions on purpose")
 def test_compiled_step_has_no_dilated_input_convolution_on_cpu():
     """XLA:CPU runs convolutions with lhs_dilate on a slow path; the step must not contain any."""
-    assert jax.default_backend() == "cpu"
     state = init_state(TINY)
     hlo = make_train_step(TINY).lower(state, jnp.zeros((4, 32, 32, 3))).compile().as_text()
     assert " convolution(" in hlo or "__ynn_fusion" in hlo  # the step does contain convolutions
