@@ -36,15 +36,16 @@ def check_float64_trajectory(spec: TrainConfig, name: str, torch_run=None, toler
     return result
 
 
-def check_wgan_gp_trajectory(spec: TrainConfig, tolerance: float = 1e-10) -> CheckResult:
-    """WGAN-GP in float64: PyTorch's loop (autograd.grad with create_graph=True) against the JAX step (grad of grad).
+def check_loss_trajectory(spec: TrainConfig, tolerance: float = 1e-10) -> CheckResult:
+    """A loss's own PyTorch reference loop (its entry's ``torch_reference``) against the JAX step, float64.
 
-    Every metric of every iteration, every final parameter of G and the critic, within ``tolerance``;
-    the critic's update differentiates the gradient penalty, so this proves the second-order path.
+    Every metric of every iteration, every final parameter of G and D (or the critic), within ``tolerance``.
+    For WGAN-GP the critic's update differentiates the gradient penalty, so this proves the second-order path.
     """
-    run = reference_runs.run_wgan_gp(spec, "float64")
+    run = reference_runs.run_loss(spec, "float64")
     result = compare_trajectory(
-        f"WGAN-GP float64 trajectory, small widths, {spec.steps} steps (n_critic {spec.n_critic}, λ {spec.gp_weight:g})",
+        f"{spec.loss} float64 trajectory, small widths, {spec.steps} steps (n_critic {spec.n_critic}, lr {spec.lr:g}, "
+        f"betas ({spec.beta1:g}, {spec.beta2:g}))",
         spec, run.initial_generator, run.initial_discriminator, run.metrics, run.final_generator, run.final_discriminator,
         tolerance,
     )
@@ -53,8 +54,8 @@ def check_wgan_gp_trajectory(spec: TrainConfig, tolerance: float = 1e-10) -> Che
     gaps = []
     for k in range(3):  # PyTorch against itself: the rows of each batch (images, noise, ε together) in another order
         order = permutation_orders(spec.steps, spec.batch_size, 1000 + k)
-        permuted = (*permuted_batches(real, noise, 1000 + k), np.take_along_axis(mix, order, axis=1))
-        gaps.append(_run_gap(reference_runs.run_wgan_gp(spec, "float64", batches=permuted), run))
+        permuted = (*permuted_batches(real, noise, 1000 + k), None if mix is None else np.take_along_axis(mix, order, axis=1))
+        gaps.append(_run_gap(reference_runs.run_loss(spec, "float64", batches=permuted), run))
     result.noise_floor = f"{np.median(gaps):.2e} (PyTorch−PyTorch, median of 3 batch permutations)"
     return result
 
@@ -125,7 +126,7 @@ def check_intermediates_float32(spec: TrainConfig, k: float = 3.0) -> CheckResul
     net_g, net_d = dcgan.make_models(spec, dtype=torch.float64)
     real, noise = reference_runs.make_batches(spec)
     divergence, history = diverge.find_divergence(
-        dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_d), real, noise, "float32", optimizer=spec, k=k)
+        dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_d), real, noise, "float32", settings=spec, k=k)
     entries = [e for step in history for e in step]
     judged = [e for e in entries if not e.kinks]
     ratios = np.array([e.row.ratio for e in judged])

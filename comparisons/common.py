@@ -17,8 +17,11 @@ TEACHER_FORCING = dataclasses.replace(SMALL_WIDTHS, steps=50, batch_size=16)
 # The noise floor at the tutorial's widths (Adam amplifies summation-order differences there); batch 8,
 # where PyTorch's own permutation noise is visible (at batch 4 its kernels were near permutation-exact).
 NOISE_FLOOR = dataclasses.replace(TUTORIAL, batch_size=8, steps=20, seed=0)
-# WGAN-GP (λ = 10, n_critic = 5, Adam(1e-4, (0, 0.9))) at the small widths: 30 iterations, 6 generator updates.
-WGAN_GP_SMALL = dataclasses.replace(config_for_loss("wgan-gp"), nz=16, ngf=8, ndf=8, image_size=32, batch_size=8, steps=30, seed=0)
+
+
+def loss_small(loss: str) -> TrainConfig:
+    """A loss with its own defaults at the small widths, 30 iterations (WGAN-GP's n_critic 5: 6 generator updates)."""
+    return dataclasses.replace(config_for_loss(loss), nz=16, ngf=8, ndf=8, image_size=32, batch_size=8, steps=30, seed=0)
 
 
 def make_batches(spec: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -33,8 +36,11 @@ def make_batches(spec: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_mix(spec: TrainConfig) -> np.ndarray | None:
-    """WGAN-GP's interpolation weights ε ~ U(0, 1), (steps, batch), from ``default_rng(seed + 1)``; None for other losses."""
-    if spec.loss != "wgan-gp":
+    """The interpolation weights ε ~ U(0, 1), (steps, batch), from ``default_rng(seed + 1)``, of a loss that draws
+    them (WGAN-GP); None for the others."""
+    from functional_gan.losses import LOSSES
+
+    if not LOSSES[spec.loss].mix:
         return None
     return np.random.default_rng(spec.seed + 1).uniform(size=(spec.steps, spec.batch_size))
 

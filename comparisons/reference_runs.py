@@ -14,7 +14,7 @@ import torch
 
 from functional_gan.config import TrainConfig
 from functional_gan.metrics import METRIC_NAMES
-from functional_gan.pytorch import dcgan, wgan_gp
+from functional_gan.pytorch import dcgan
 from functional_gan.pytorch.precision import default_dtype, torch_dtype
 
 from .common import make_batches, make_mix
@@ -81,25 +81,36 @@ def run_tutorial(spec: TrainConfig, dtype: str = "float64", record_snapshots: bo
         return TorchRun(initial_g, initial_d, metrics, dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_d), snapshots)
 
 
-def run_wgan_gp(spec: TrainConfig, dtype: str = "float64", batches=None) -> TorchRun:
-    """Train the WGAN-GP loop (:func:`functional_gan.pytorch.wgan_gp.wgan_gp_iteration`) for ``spec.steps``
-    iterations on the seeded batches and interpolation weights (or ``batches``: (real, noise, mix))."""
+def torch_reference(loss: str):
+    """The PyTorch reference module a loss's entry names (``make_models`` and ``iteration``)."""
+    import importlib
+
+    from functional_gan.losses import LOSSES
+
+    return importlib.import_module(LOSSES[loss].torch_reference)
+
+
+def run_loss(spec: TrainConfig, dtype: str = "float64", batches=None) -> TorchRun:
+    """Train the PyTorch reference loop of ``spec.loss``'s entry for ``spec.steps`` iterations on the seeded
+    batches (and interpolation weights, for a loss that draws them), or on ``batches``: (real, noise, mix)."""
+    reference = torch_reference(spec.loss)
     tdtype = torch_dtype(dtype)
     with default_dtype(tdtype):
-        net_g, net_c = wgan_gp.make_models(spec, dtype=tdtype)
-        optimizer_g, optimizer_c = dcgan.make_optimizers(net_g, net_c, spec)
+        net_g, net_d = reference.make_models(spec, dtype=tdtype)
+        optimizer_g, optimizer_d = dcgan.make_optimizers(net_g, net_d, spec)
         real, noise, mix = batches if batches is not None else (*make_batches(spec), make_mix(spec))
-        initial_g, initial_c = dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_c)
+        initial_g, initial_d = dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_d)
         rows = [
-            wgan_gp.wgan_gp_iteration(
-                net_g, net_c, optimizer_g, optimizer_c, torch.as_tensor(real[t], dtype=tdtype),
-                torch.as_tensor(noise[t], dtype=tdtype), torch.as_tensor(mix[t], dtype=tdtype), t, spec,
+            reference.iteration(
+                net_g, net_d, optimizer_g, optimizer_d, torch.as_tensor(real[t], dtype=tdtype),
+                torch.as_tensor(noise[t], dtype=tdtype), None if mix is None else torch.as_tensor(mix[t], dtype=tdtype),
+                t, spec,
             )
             for t in range(spec.steps)
         ]
         rows = np.array(rows)
         metrics = {key: rows[:, i] for i, key in enumerate(METRIC_NAMES)}
-        return TorchRun(initial_g, initial_c, metrics, dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_c))
+        return TorchRun(initial_g, initial_d, metrics, dcgan.state_dict_numpy(net_g), dcgan.state_dict_numpy(net_d))
 
 
 def snapshot(net_g, net_d, optimizer_g, optimizer_d) -> dict:

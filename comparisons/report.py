@@ -13,7 +13,7 @@ import numpy as np
 from functional_gan import plots
 
 from . import GROUPS, fixtures, quality
-from .common import NOISE_FLOOR, SMALL_WIDTHS, TEACHER_FORCING, TUTORIAL_WIDTHS, WGAN_GP_SMALL, CheckResult
+from .common import NOISE_FLOOR, SMALL_WIDTHS, TEACHER_FORCING, TUTORIAL_WIDTHS, CheckResult, loss_small
 
 NEEDS_NO_TORCH = ("fixtures",)  # the recorded runs are checked by the JAX side alone
 
@@ -80,7 +80,12 @@ def run_suite(out_dir: str | Path, groups=GROUPS, quality_spec: quality.QualityS
     if "trajectories" in groups:
         small = add(checks.check_float64_trajectory(SMALL_WIDTHS, f"DCGAN float64 trajectory, small widths, {SMALL_WIDTHS.steps} steps"))
         add(checks.check_float64_trajectory(TUTORIAL_WIDTHS, "DCGAN float64 trajectory, the tutorial's widths (64×64, ngf = ndf = 64)"))
-        add(checks.check_wgan_gp_trajectory(WGAN_GP_SMALL))
+        from functional_gan.config import TUTORIAL
+        from functional_gan.losses import LOSSES
+
+        for loss in LOSSES:  # every other loss against its own PyTorch reference loop (the tutorial's: above)
+            if loss != TUTORIAL.loss:
+                add(checks.check_loss_trajectory(loss_small(loss)))
         curves["float64 trajectory"] = small.curves["per_step_max_abs"]
         figures.append(("Loss curves, float64, both frameworks (they coincide)", _plot_losses(
             out / "losses_float64.png", "float64: PyTorch and JAX loss curves", small.curves["torch"], small.curves["jax"])))

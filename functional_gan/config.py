@@ -44,7 +44,7 @@ class TrainConfig:
     log_every: int = 50  # the tutorial's stats line
     sample_every: int | None = None  # fixed-noise grid interval; None: about GRIDS_PER_RUN grids (the tutorial: 500)
     checkpoint_every: int = 500
-    loss: str = "bce"  # the tutorial's BCELoss pair (functional_gan.losses); "wgan-gp": see LOSS_DEFAULTS
+    loss: str = "bce"  # the tutorial's BCELoss pair; an entry of functional_gan.losses.LOSSES (each with its own defaults)
     n_critic: int = 1  # D (critic) updates per G update; the tutorial alternates, 1
     gp_weight: float = 10.0  # WGAN-GP's λ (used by the wgan-gp loss only)
     devices: int | None = None  # data parallelism over this many local devices; None: all of them
@@ -104,24 +104,53 @@ class TrainConfig:
         return cls(**{k: v for k, v in values.items() if k in known})
 
 
-# What a loss changes in the tutorial's settings unless flags say otherwise. WGAN-GP: Gulrajani et al.
-# (2017), Algorithm 1's defaults: λ = 10, n_critic = 5, Adam(α = 1e-4, β1 = 0, β2 = 0.9).
-LOSS_DEFAULTS: dict[str, dict] = {
-    "bce": {},
-    "wgan-gp": {"lr": 1e-4, "beta1": 0.0, "beta2": 0.9, "n_critic": 5, "gp_weight": 10.0},
+# The command line's flag for each TrainConfig field: its help, and whether its default is decided later
+# ("later": the flag defaults to None and the value comes from the loss's entry, or from the data for --nc).
+# ``functional-gan train`` builds its flags from this table (name, type and default from the field); the
+# loss-dependent defaults are listed in the help from the losses' entries.
+FLAGS: dict[str, tuple[str, str]] = {
+    "data": ("'digits' (built in, offline), 'fake' (random), a folder of images (searched recursively, like "
+             "ImageFolder), or a uint8 .npy array of images (NHWC or NCHW, memory-mapped)", "config"),
+    "epochs": ("passes over the data", "config"),
+    "steps": ("train this many iterations in total (overrides --epochs)", "config"),
+    "batch_size": ("images per iteration", "config"),
+    "image_size": (f"{', '.join(map(str, SUPPORTED_IMAGE_SIZES[:-1]))} or {SUPPORTED_IMAGE_SIZES[-1]}", "config"),
+    "nc": ("image channels (default: 1 for the grayscale digits, else 3)", "later"),
+    "nz": ("size of the latent vector", "config"),
+    "ngf": ("generator width", "config"),
+    "ndf": ("discriminator width", "config"),
+    "lr": ("Adam's learning rate", "later"),
+    "beta1": ("Adam's beta1", "later"),
+    "beta2": ("Adam's beta2 (PyTorch's default; the tutorial keeps it)", "later"),
+    "loss": ("the GAN losses", "config"),
+    "n_critic": ("D (critic) updates per G update", "later"),
+    "gp_weight": ("the gradient penalty's weight λ, for the losses that have one", "later"),
+    "seed": ("the run's one root seed (weights, noise, data order)", "config"),
+    "devices": ("data parallelism: shard each batch over this many local devices (default: all of them; in a "
+                "multi-process run, all devices of all processes)", "config"),
+    "log_every": ("print the tutorial's stats line every N iterations", "config"),
+    "sample_every": ("save a fixed-noise grid every N iterations (default: about 20 grids over the run)", "config"),
+    "checkpoint_every": ("save a checkpoint every N iterations", "config"),
 }
 
 
 def config_for_loss(loss: str, **given) -> TrainConfig:
     """A TrainConfig for ``loss``: the tutorial's settings, then the loss's defaults, then ``given`` (None: not given).
 
-    ``config_for_loss("wgan-gp", lr=None)`` has WGAN-GP's lr 1e-4; ``lr=3e-4`` keeps 3e-4.
+    ``config_for_loss("wgan-gp", lr=None)`` has WGAN-GP's lr 1e-4; ``lr=3e-4`` keeps 3e-4. The defaults
+    are the loss's entry's (:data:`functional_gan.losses.LOSSES`).
     """
-    if loss not in LOSS_DEFAULTS:
-        raise ConfigError(f"--loss {loss!r} is not known; choose one of {tuple(LOSS_DEFAULTS)}")
-    if loss != "wgan-gp" and given.get("gp_weight") is not None:
-        raise ConfigError(f"--gp-weight is the wgan-gp loss's gradient penalty weight; --loss {loss} has no penalty")
-    values = {**LOSS_DEFAULTS[loss], **{k: v for k, v in given.items() if v is not None}}
+    from functional_gan.losses import LOSSES
+
+    if loss not in LOSSES:
+        raise ConfigError(f"--loss {loss!r} is not known; choose one of {tuple(LOSSES)}")
+    spec = LOSSES[loss]
+    for name, value in given.items():
+        owners = [s.name for s in LOSSES.values() if name in s.own_settings]
+        if value is not None and owners and loss not in owners:
+            raise ConfigError(f"--{name.replace('_', '-')} is a setting of the {' and '.join(owners)} loss; "
+                              f"--loss {loss} does not use it")
+    values = {**spec.defaults, **{k: v for k, v in given.items() if v is not None}}
     return TrainConfig(loss=loss, **values)
 
 

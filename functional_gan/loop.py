@@ -241,6 +241,7 @@ def _forget_after(out: Path, step: int) -> None:
 
 def _train(config: TrainConfig, out: Path, dataset: Dataset, mesh, progress: bool, print_fn,
            initial: GANState | None, initial_note: str, workers: int) -> RunResult:
+    loss = LOSSES[config.loss]  # its entry: the stats line's labels and derived metrics, the critic or not
     primary = is_primary()
     per_epoch = dataset.steps_per_epoch(config.batch_size)
     total_steps = config.steps if config.steps is not None else config.epochs * per_epoch
@@ -268,7 +269,7 @@ def _train(config: TrainConfig, out: Path, dataset: Dataset, mesh, progress: boo
         (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     print_fn(
         f"Generator: {count_params(state.generator_params):,} parameters; "
-        f"{'Critic (wgan-gp)' if LOSSES[config.loss].critic else 'Discriminator'}: {count_params(state.discriminator_params):,} parameters"
+        f"{f'Critic ({loss.name})' if loss.critic else 'Discriminator'}: {count_params(state.discriminator_params):,} parameters"
     )
     print_fn(f"Data: {dataset.name}, {len(dataset)} images, {per_epoch} iterations per epoch (batch {config.batch_size}); "
              f"{total_steps} iterations, a fixed-noise grid every {grid_every}")
@@ -315,7 +316,7 @@ def _train(config: TrainConfig, out: Path, dataset: Dataset, mesh, progress: boo
         if log_file is not None:
             log_file.write(json.dumps({"step": step_done, "epoch": epoch, **values}) + "\n")
         if primary and (step_done % config.log_every == 0 or step_done == total_steps):
-            tqdm.write(stats_line(epoch, num_epochs, index, per_epoch, values, critic=LOSSES[config.loss].critic))
+            tqdm.write(stats_line(epoch, num_epochs, index, per_epoch, values, loss.labels, loss.derived))
         return values
 
     pending = None  # (step_done, metrics) not yet fetched: read after the next step is launched
@@ -440,8 +441,8 @@ def export_checkpoint(
 def _write_figures(config, out: Path, dataset: Dataset, samples_NHWC: np.ndarray) -> None:
     records = _read_metrics(out / "metrics.jsonl")
     if records:
-        wasserstein = [r["d_x"] - r["d_g_z1"] for r in records] if LOSSES[config.loss].critic else None
-        plots.save_loss_plot([r["loss_g"] for r in records], [r["loss_d"] for r in records], out / "loss.png", wasserstein)
+        derived = {label: [fn(r) for r in records] for label, fn in LOSSES[config.loss].derived.items()}
+        plots.save_loss_plot([r["loss_g"] for r in records], [r["loss_d"] for r in records], out / "loss.png", derived)
     grids = sorted((out / "samples").glob("iter_*.png"))
     plots.save_progress_gif(grids, out / "progress.gif")
     real = dataset.batch(config.seed, 0, min(64, config.batch_size))

@@ -1,4 +1,4 @@
-"""The GAN's losses, a parameter of the step: the tutorial's BCE pair and WGAN-GP beside it.
+"""The GAN's losses, a parameter of the step: the tutorial's BCE pair, WGAN-GP and the hinge loss beside it.
 
 A loss pair is two functions of the discriminator, its parameters and running statistics, and
 images:
@@ -107,11 +107,22 @@ def wgan_generator_loss(critic: Critic, params, batch_stats, fake_NHWC):
 
 
 class LossSpec(NamedTuple):
-    """An entry of :data:`LOSSES`: how to build the pair for a step, and which discriminator it needs."""
+    """An entry of :data:`LOSSES`: everything the project knows about one GAN loss, in one place.
 
-    build: Callable  # (config, mix_N or None) -> GANLoss
-    critic: bool  # True: the critic (no BatchNorm, no sigmoid) instead of the tutorial's Discriminator
-    summary: str
+    The command line (``--loss`` and its help, the defaults' help), :func:`functional_gan.config.config_for_loss`,
+    the training step, ``replay``, the comparisons and the stats line all read it; no code tests a loss's name.
+    """
+
+    name: str
+    summary: str  # one line, for --loss's help
+    build: Callable  # (config, mix_N or None) -> GANLoss, the pair for one step
+    critic: bool  # True: the critic (no BatchNorm, no Sigmoid) instead of the tutorial's Discriminator
+    defaults: dict = {}  # what the loss changes in the tutorial's settings unless flags say otherwise
+    own_settings: tuple = ()  # TrainConfig fields only this loss reads (giving them to another loss is an error)
+    mix: bool = False  # draws per-image interpolation weights ε ~ U(0, 1) each step (the step's mix_N)
+    labels: tuple = ("D(x)", "D(G(z))")  # how the stats line names d_x and d_g_z1 / d_g_z2
+    derived: dict = {}  # {label: fn(metrics) -> float}: metrics shown after the others and plotted with the losses
+    torch_reference: str = ""  # the PyTorch reference module: make_models(config, dtype), iteration(...) (see below)
 
 
 def _build_wgan_gp(config, mix_N) -> GANLoss:
@@ -120,11 +131,42 @@ def _build_wgan_gp(config, mix_N) -> GANLoss:
     return GANLoss(functools.partial(wgan_gp_critic_loss, mix_N=mix_N, gp_weight=config.gp_weight), wgan_generator_loss)
 
 
-LOSSES: dict[str, LossSpec] = {
-    "bce": LossSpec(lambda config, mix_N: BCE, False, "the tutorial's BCELoss pair, Discriminator with BatchNorm and Sigmoid"),
-    "wgan-gp": LossSpec(_build_wgan_gp, True,
-                        "Wasserstein loss with gradient penalty (Gulrajani et al. 2017), critic without BatchNorm or Sigmoid"),
-}
+def _wasserstein_estimate(metrics) -> float:
+    return metrics["d_x"] - metrics["d_g_z1"]
+
+
+BCE_LOSS = LossSpec(
+    "bce", "the tutorial's BCELoss pair, Discriminator with BatchNorm and Sigmoid", lambda config, mix_N: BCE, False,
+    torch_reference="functional_gan.pytorch.dcgan",
+)
+# Gulrajani et al. (2017), Algorithm 1's defaults: λ = 10, n_critic = 5, Adam(α = 1e-4, β1 = 0, β2 = 0.9).
+WGAN_GP_LOSS = LossSpec(
+    "wgan-gp", "Wasserstein loss with gradient penalty (Gulrajani et al. 2017), critic without BatchNorm or Sigmoid",
+    _build_wgan_gp, True, defaults={"lr": 1e-4, "beta1": 0.0, "beta2": 0.9, "n_critic": 5, "gp_weight": 10.0},
+    own_settings=("gp_weight",), mix=True, labels=("C(x)", "C(G(z))"), derived={"W": _wasserstein_estimate},
+    torch_reference="functional_gan.pytorch.wgan_gp",
+)
+
+
+# --- the hinge loss (Lim & Ye 2017; SNGAN, Miyato et al. 2018; BigGAN): its whole definition ------------------------
+
+
+def hinge_discriminator_loss(critic: Critic, params, batch_stats, real_NHWC, fake_NHWC, detach: bool = True):
+    """``mean(relu(1 − D(x))) + mean(relu(1 + D(G(z))))`` on raw scores; returns (loss, (batch_stats, mean D(x), mean D(G(z))))."""
+    fake = jax.lax.stop_gradient(fake_NHWC) if detach else fake_NHWC  # PyTorch: fake.detach()
+    scores_real, batch_stats = discriminate(critic, params, batch_stats, real_NHWC)
+    scores_fake, batch_stats = discriminate(critic, params, batch_stats, fake)
+    loss = jax.nn.relu(1.0 - scores_real).mean() + jax.nn.relu(1.0 + scores_fake).mean()
+    return loss, (batch_stats, scores_real.mean(), scores_fake.mean())
+
+
+HINGE_LOSS = LossSpec(
+    "hinge", "the hinge loss of SNGAN and BigGAN, relu(1 − D(x)) + relu(1 + D(G(z))) for D and −D(G(z)) for G, "
+    "critic without BatchNorm or Sigmoid", lambda config, mix_N: GANLoss(hinge_discriminator_loss, wgan_generator_loss),
+    True, labels=("D(x)", "D(G(z))"), torch_reference="functional_gan.pytorch.hinge",
+)
+
+LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in (BCE_LOSS, WGAN_GP_LOSS, HINGE_LOSS)}
 
 
 def losses_for(config, mix_N: jax.Array | None = None) -> GANLoss:

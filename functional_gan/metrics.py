@@ -23,19 +23,14 @@ class StepMetrics(NamedTuple):
 METRIC_NAMES: tuple[str, ...] = StepMetrics._fields
 
 
-def stats_line(epoch: int, num_epochs: int, index: int, per_epoch: int, values: dict[str, float], critic: bool = False) -> str:
+def stats_line(epoch: int, num_epochs: int, index: int, per_epoch: int, values: dict[str, float],
+               labels: tuple[str, str] = ("D(x)", "D(G(z))"), derived: dict | None = None) -> str:
     """The tutorial's progress line: ``[epoch/num_epochs][i/len(dataloader)]  Loss_D: ...``.
 
-    ``critic``: a WGAN critic's outputs are scores, not probabilities: ``C(x)``, ``C(G(z))``, and
-    the critic's estimate of the Wasserstein distance, ``W ≈ C(x) − C(G(z))`` (before its update).
+    ``labels`` name ``d_x`` and ``d_g_z1 / d_g_z2`` (a critic's are scores: ``C(x)``, ``C(G(z))``);
+    ``derived`` adds metrics computed from the others (WGAN-GP's ``W ≈ C(x) − C(G(z))``). Both come from
+    the loss's entry in :data:`functional_gan.losses.LOSSES`.
     """
-    if critic:
-        return (
-            f"[{epoch}/{num_epochs}][{index}/{per_epoch}]\tLoss_D: {values['loss_d']:.4f}\tLoss_G: {values['loss_g']:.4f}"
-            f"\tC(x): {values['d_x']:.4f}\tC(G(z)): {values['d_g_z1']:.4f} / {values['d_g_z2']:.4f}"
-            f"\tW: {values['d_x'] - values['d_g_z1']:.4f}"
-        )
-    return (
-        f"[{epoch}/{num_epochs}][{index}/{per_epoch}]\tLoss_D: {values['loss_d']:.4f}\tLoss_G: {values['loss_g']:.4f}"
-        f"\tD(x): {values['d_x']:.4f}\tD(G(z)): {values['d_g_z1']:.4f} / {values['d_g_z2']:.4f}"
-    )
+    line = (f"[{epoch}/{num_epochs}][{index}/{per_epoch}]\tLoss_D: {values['loss_d']:.4f}\tLoss_G: {values['loss_g']:.4f}"
+            f"\t{labels[0]}: {values['d_x']:.4f}\t{labels[1]}: {values['d_g_z1']:.4f} / {values['d_g_z2']:.4f}")
+    return line + "".join(f"\t{label}: {fn(values):.4f}" for label, fn in (derived or {}).items())

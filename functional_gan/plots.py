@@ -68,15 +68,13 @@ def save_line_plot(series: dict[str, np.ndarray], path: str | os.PathLike, title
 
 
 def save_loss_plot(loss_g: list[float], loss_d: list[float], path: str | os.PathLike,
-                   wasserstein: list[float] | None = None) -> Path:
+                   derived: dict[str, list[float]] | None = None) -> Path:
     """The tutorial's "Generator and Discriminator Loss During Training" plot.
 
-    ``wasserstein``: a WGAN critic's estimate C(x) − C(G(z)) per iteration, drawn too. A critic's
-    losses drift with the unidentified level of its scores; the estimate is the curve to read.
+    ``derived``: the loss's own metrics per iteration, drawn too (WGAN-GP's estimate W ≈ C(x) − C(G(z)):
+    a critic's losses drift with the unidentified level of its scores; the estimate is the curve to read).
     """
-    series = {"G": loss_g, "D": loss_d}
-    if wasserstein is not None:
-        series["W estimate, C(x) − C(G(z))"] = wasserstein
+    series = {"G": loss_g, "D": loss_d, **(derived or {})}
     return save_line_plot(series, path, "Generator and Discriminator Loss During Training", "Loss")
 
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_gan import convert
+from functional_gan.losses import LOSSES
 from functional_gan.config import TUTORIAL, TrainConfig
 from functional_gan.errors import UserError
 from functional_gan.metrics import METRIC_NAMES
@@ -35,14 +36,14 @@ class ReplayResult:
     config: TrainConfig
 
 
-def config_from_state_dicts(generator_sd, discriminator_sd, batch_size: int, optimizer: TrainConfig = TUTORIAL) -> TrainConfig:
-    """``optimizer`` (its lr, beta1, beta2) with the model widths and image size read off the state_dict shapes."""
+def config_from_state_dicts(generator_sd, discriminator_sd, batch_size: int, settings: TrainConfig = TUTORIAL) -> TrainConfig:
+    """``settings`` (its optimizer and loss settings) with the model widths and image size read off the state_dict shapes."""
     g = convert.infer_generator_shape(generator_sd)
     d = convert.infer_discriminator_shape(discriminator_sd)
     if g["nc"] != d["nc"] or g["image_size"] != d["image_size"]:
         raise ReplayInputError(f"generator ({g}) and discriminator ({d}) disagree on channels or image size")
     return dataclasses.replace(
-        optimizer, batch_size=batch_size, image_size=g["image_size"], nc=g["nc"], nz=g["nz"], ngf=g["ngf"], ndf=d["ndf"]
+        settings, batch_size=batch_size, image_size=g["image_size"], nc=g["nc"], nz=g["nz"], ngf=g["ngf"], ndf=d["ndf"]
     ).validate()
 
 
@@ -97,7 +98,7 @@ def replay(
     real_NCHW: np.ndarray,
     noise_NCHW: np.ndarray,
     dtype: str = "float32",
-    optimizer: TrainConfig = TUTORIAL,
+    settings: TrainConfig = TUTORIAL,
     mix: np.ndarray | None = None,
 ) -> ReplayResult:
     """Run the tutorial's iterations in JAX on PyTorch's data and noise (NCHW, as PyTorch holds them).
@@ -107,7 +108,7 @@ def replay(
       real_NCHW: (steps, batch, nc, H, W) real images in [−1, 1], one batch per iteration.
       noise_NCHW: (steps, batch, nz, 1, 1), the ``torch.randn`` noise of each iteration.
       dtype: "float32" or "float64" (float64 turns on ``jax_enable_x64`` for the replay only).
-      optimizer: a config holding Adam's settings (lr, beta1, beta2) of the run being replayed, and
+      settings: a config holding Adam's settings (lr, beta1, beta2) of the run being replayed, and
         its loss (``loss``, ``n_critic``, ``gp_weight``); the widths are read off the state_dicts.
       mix: (steps, batch) WGAN-GP's interpolation weights ``alpha`` of each iteration (that loss only).
 
@@ -117,11 +118,13 @@ def replay(
     if dtype not in ("float32", "float64"):
         raise ReplayInputError(f"dtype must be float32 or float64, got {dtype!r}")
     real_NCHW, noise_NCHW = np.asarray(real_NCHW), np.asarray(noise_NCHW)
-    config = config_from_state_dicts(generator_sd, discriminator_sd, real_NCHW.shape[1] if real_NCHW.ndim == 5 else 1, optimizer)
+    config = config_from_state_dicts(generator_sd, discriminator_sd, real_NCHW.shape[1] if real_NCHW.ndim == 5 else 1, settings)
     check_batches(real_NCHW, noise_NCHW, config)
-    if (config.loss == "wgan-gp") != (mix is not None):
-        raise ReplayInputError("'mix' (WGAN-GP's interpolation weights, (steps, batch)) is needed by the wgan-gp loss "
-                               f"and only by it; the loss is {config.loss!r}")
+    needs_mix = LOSSES[config.loss].mix
+    if needs_mix != (mix is not None):
+        raise ReplayInputError("'mix' (the interpolation weights, (steps, batch)) is needed by the "
+                               f"{' and '.join(s.name for s in LOSSES.values() if s.mix)} loss and only by it; "
+                               f"the loss is {config.loss!r}")
     if mix is not None and np.shape(mix) != real_NCHW.shape[:2]:
         raise ReplayInputError(f"'mix' has shape {np.shape(mix)}, expected (steps, batch) = {real_NCHW.shape[:2]}")
     with jax.enable_x64(dtype == "float64"):
@@ -150,12 +153,12 @@ def replay_files(
     batches: str | os.PathLike,
     out: str | os.PathLike,
     dtype: str = "float32",
-    optimizer: TrainConfig = TUTORIAL,
+    settings: TrainConfig = TUTORIAL,
     out_generator: str | os.PathLike | None = None,
     out_discriminator: str | os.PathLike | None = None,
 ) -> ReplayResult:
     """:func:`replay` on files: state_dicts (``.pt``/``.pth`` read weights-only, or ``.safetensors``) and an
-    ``.npz`` of batches (``real``, ``noise``, and ``mix`` when ``optimizer.loss`` is wgan-gp); writes the
+    ``.npz`` of batches (``real``, ``noise``, and ``mix`` when ``settings.loss``'s entry draws interpolation weights); writes the
     per-step metrics (``.npz``) and, if asked, the final state_dicts.
 
     Everything is read and checked before anything is written.
@@ -163,8 +166,8 @@ def replay_files(
     generator_sd = convert.load_state_dict_file(generator)
     discriminator_sd = convert.load_state_dict_file(discriminator)
     real, noise = load_batches(batches)
-    mix = load_batches(batches, "mix")[0] if optimizer.loss == "wgan-gp" else None
-    result = replay(generator_sd, discriminator_sd, real, noise, dtype, optimizer, mix)
+    mix = load_batches(batches, "mix")[0] if LOSSES[settings.loss].mix else None
+    result = replay(generator_sd, discriminator_sd, real, noise, dtype, settings, mix)
     save_metrics(result, out)
     if out_generator:
         convert.save_state_dict_file(result.generator_state_dict, out_generator)

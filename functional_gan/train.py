@@ -61,15 +61,18 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
 _INIT_STREAM, _FIXED_NOISE_STREAM, _STEP_NOISE_STREAM, _STEP_MIX_STREAM = 0, 1, 2, 3
 
 
-def root_key(config: TrainConfig, stream: int) -> jax.Array:
-    """A stream of the run's one root key ``key(seed)``; everything random derives from it by ``fold_in``."""
+def stream_key(config: TrainConfig, stream: int) -> jax.Array:
+    """The key of one random stream (weights, fixed noise, step noise, mix weights): ``fold_in(key(seed), stream)``.
+
+    Everything random in a run derives from its one root key ``key(seed)`` this way; a step's draws fold in the step too.
+    """
     return jax.random.fold_in(jax.random.key(config.seed), stream)
 
 
 def init_state(config: TrainConfig, dtype=jnp.float32) -> GANState:
     """Fresh models with the tutorial's ``weights_init`` and fresh Adam states."""
     generator, discriminator = make_models(config)
-    key_g, key_d = jax.random.split(root_key(config, _INIT_STREAM))
+    key_g, key_d = jax.random.split(stream_key(config, _INIT_STREAM))
     # lazy_init: the same initializers on the same keys as init (the same values), without running the forward pass.
     z = jax.ShapeDtypeStruct((2, config.nz), dtype)
     images = jax.ShapeDtypeStruct((2, config.image_size, config.image_size, config.nc), dtype)
@@ -92,14 +95,15 @@ def state_from_variables(config: TrainConfig, generator_vars, discriminator_vars
 
 def step_noise(config: TrainConfig, step: jax.Array, batch_size: int, dtype=jnp.float32) -> jax.Array:
     """The noise of iteration ``step``: ``fold_in(root, step)``, so a resumed run draws the same noise."""
-    return jax.random.normal(jax.random.fold_in(root_key(config, _STEP_NOISE_STREAM), step), (batch_size, config.nz), dtype)
+    return jax.random.normal(jax.random.fold_in(stream_key(config, _STEP_NOISE_STREAM), step), (batch_size, config.nz), dtype)
 
 
 def step_mix(config: TrainConfig, step: jax.Array, batch_size: int, dtype=jnp.float32) -> jax.Array | None:
-    """WGAN-GP's interpolation weights ε ~ U(0, 1) of iteration ``step``, one per image (None for other losses)."""
-    if config.loss != "wgan-gp":
+    """The interpolation weights ε ~ U(0, 1) of iteration ``step``, one per image, for a loss that draws them
+    (WGAN-GP's; its entry's ``mix``); None for the others."""
+    if not LOSSES[config.loss].mix:
         return None
-    return jax.random.uniform(jax.random.fold_in(root_key(config, _STEP_MIX_STREAM), step), (batch_size,), dtype)
+    return jax.random.uniform(jax.random.fold_in(stream_key(config, _STEP_MIX_STREAM), step), (batch_size,), dtype)
 
 
 FIXED_NOISE_ROWS = 64  # the tutorial's fixed_noise = torch.randn(64, nz, 1, 1)
@@ -111,7 +115,7 @@ def fixed_noise(config: TrainConfig, num: int = FIXED_NOISE_ROWS) -> jax.Array:
     Rows come in blocks of 64 drawn from the run's fixed-noise stream, so the first 64 rows are
     always the ones the training grids used, whatever ``num`` is.
     """
-    key = root_key(config, _FIXED_NOISE_STREAM)
+    key = stream_key(config, _FIXED_NOISE_STREAM)
     blocks = [jax.random.normal(key, (FIXED_NOISE_ROWS, config.nz))]
     blocks += [
         jax.random.normal(jax.random.fold_in(key, block), (FIXED_NOISE_ROWS, config.nz))
@@ -284,7 +288,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def make_train_step(config: TrainConfig, mesh: Mesh | None = None):
     """``train_step(state, real_NHWC) -> (state, metrics)``, jitted whole (loss, gradients and updates).
 
-    The noise is drawn inside from ``fold_in(root_key, state.step)``. With a ``mesh``, the batch
+    The noise is drawn inside from ``fold_in(stream_key(config, noise stream), state.step)``. With a ``mesh``, the batch
     is sharded along its first axis and the state replicated: still one program, and BatchNorm's
     statistics are over the global batch, as one device computes them (XLA inserts the
     reductions). The state's buffers are donated on accelerators (CPU ignores donation).

@@ -144,3 +144,10 @@ def load_state_dict_numpy(module: nn.Module, arrays: dict[str, np.ndarray]) -> N
     module.load_state_dict(
         {key: torch.from_numpy(np.asarray(arrays[key])).to(reference[key].dtype) for key in reference}, strict=True
     )
+
+
+def iteration(net_g, net_d, optimizer_g, optimizer_d, real, noise, mix, index: int, config: TrainConfig):
+    """The loss entry's reference iteration (:data:`functional_gan.losses.LOSSES`): the tutorial's, with BCELoss."""
+    if config.n_critic != 1:
+        raise ValueError("the tutorial's loop updates G every iteration (n_critic 1)")
+    return tutorial_iteration(net_g, net_d, optimizer_g, optimizer_d, nn.BCELoss(), real, noise)

@@ -90,3 +90,8 @@ def wgan_gp_iteration(net_g, net_c, optimizer_g, optimizer_c, real, noise, alpha
             output = net_c(fake)
             err_g = -output.mean()
     return err_d.item(), err_g.item(), output_real.mean().item(), output_fake.mean().item(), output.mean().item()
+
+
+def iteration(net_g, net_c, optimizer_g, optimizer_c, real, noise, mix, index: int, config: TrainConfig):
+    """The loss entry's reference iteration (:data:`functional_gan.losses.LOSSES`): :func:`wgan_gp_iteration`."""
+    return wgan_gp_iteration(net_g, net_c, optimizer_g, optimizer_c, real, noise, mix, index, config)
