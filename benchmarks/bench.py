@@ -44,6 +44,7 @@ DESCRIPTION = (
 
 FULL_BATCHES = (64, 128)
 SCALING_BATCHES = (16, 32, 64, 128, 256)
+SCAN_STEPS = 4  # steps per call of the unrolled lax.scan variant
 
 
 @dataclasses.dataclass
@@ -554,7 +555,7 @@ def add_arguments(p) -> None:
     p.add_argument("--scaling", type=int, nargs="*", default=None,
                    help=f"batches of the scaling sweep, plotted (default: {' '.join(map(str, SCALING_BATCHES))}; --quick: none)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per framework (default 7; --quick 3)")
-    p.add_argument("--scan-steps", type=int, default=4, help="steps per call for the lax.scan variant")
+    p.add_argument("--scan-steps", type=int, default=SCAN_STEPS, help="steps per call for the lax.scan variant")
     p.add_argument("--no-torch-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--tf32", action="store_true",
                    help="GPUs: let both frameworks run float32 matmuls and convolutions with TF32 inputs (default: full "
@@ -569,17 +570,17 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from tqdm.auto import tqdm
 
-    from functional_gan.errors import UserError
+    from functional_gan.errors import UserError, torch_side
 
-    try:
-        import torch  # noqa: F401
-    except ImportError as error:
-        raise UserError(f"the benchmark compares with PyTorch: pip install 'functional-gan[torch]' ({error})") from error
+    torch_side("torch", "the benchmark (it compares with PyTorch)")
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 7)
     batches = args.batch_sizes if args.batch_sizes is not None else ([64] if args.quick else list(FULL_BATCHES))
     scaling = args.scaling if args.scaling is not None else ([] if args.quick else list(SCALING_BATCHES))
     if not batches or min(batches + scaling + [repeats, args.scan_steps]) <= 0:
         raise UserError("batch sizes, repeats and --scan-steps must be positive")
+    for target in (args.json, args.markdown, args.plot):  # unusable output paths fail now, not after the timings
+        if target:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
     ctx = Context(repeats, with_torch_compile=not args.no_torch_compile, tf32=args.tf32)
     for line in header_lines(ctx):
         print(line)
@@ -633,6 +634,6 @@ def _argv_of(args) -> list[str]:
         if value is not None:
             out.append("--" + flag.replace("_", "-"))
             out += [str(v) for v in value] if isinstance(value, list) else [str(value)]
-    if args.scan_steps != 4:
+    if args.scan_steps != SCAN_STEPS:
         out += ["--scan-steps", str(args.scan_steps)]
     return out

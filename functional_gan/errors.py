@@ -7,3 +7,16 @@ keeps its traceback.
 
 class UserError(Exception):
     """Input the program cannot use; the message says what is wrong and what to do."""
+
+
+def torch_side(module: str, what: str):
+    """Import ``module`` of the PyTorch side, or raise :class:`UserError` saying that ``what`` needs the torch extra."""
+    import importlib
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("torch") is None:
+            raise ImportError("No module named 'torch'")
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise UserError(f"{what} needs PyTorch: pip install 'functional-gan[torch]' ({error})") from error

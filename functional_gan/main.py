@@ -8,13 +8,14 @@ other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 
-from functional_gan.config import DEFAULT_JOIN_TIMEOUT, DEFAULT_PEER_TIMEOUT, LOSS_DEFAULTS, TUTORIAL, TrainConfig, config_for_loss
-from functional_gan.errors import UserError
+from functional_gan.config import DEFAULT_JOIN_TIMEOUT, DEFAULT_PEER_TIMEOUT, TUTORIAL, TrainConfig, config_for_loss
+from functional_gan.errors import UserError, torch_side
 
 class _FORMATTER(argparse.ArgumentDefaultsHelpFormatter):
     """Every flag's help shows its default; flags whose default is "not given" say what that means instead."""
@@ -26,35 +27,50 @@ class _FORMATTER(argparse.ArgumentDefaultsHelpFormatter):
 
 
 
-def _optimizer_flags(p) -> None:
-    p.add_argument("--lr", type=float, default=TUTORIAL.lr, help="Adam's learning rate")
-    p.add_argument("--beta1", type=float, default=TUTORIAL.beta1, help="Adam's beta1")
-    p.add_argument("--beta2", type=float, default=TUTORIAL.beta2, help="Adam's beta2 (PyTorch's default; the tutorial keeps it)")
+OPTIMIZER_FIELDS = ("lr", "beta1", "beta2")
+LOSS_FIELDS = (*OPTIMIZER_FIELDS, "loss", "n_critic", "gp_weight")
+MODEL_FIELDS = ("data", "epochs", "steps", "batch_size", "image_size", "nc", "nz", "ngf", "ndf")
+RUN_FIELDS = ("seed", "devices", "log_every", "sample_every", "checkpoint_every")
 
 
-def _loss_flags(p) -> None:
-    """--loss and the settings whose defaults depend on it (resolved by ``config_for_loss``)."""
-    wgan = LOSS_DEFAULTS["wgan-gp"]
-    p.add_argument("--lr", type=float, default=None,
-                   help=f"Adam's learning rate (default: {TUTORIAL.lr:g}; wgan-gp: {wgan['lr']:g})")
-    p.add_argument("--beta1", type=float, default=None,
-                   help=f"Adam's beta1 (default: {TUTORIAL.beta1:g}; wgan-gp: {wgan['beta1']:g})")
-    p.add_argument("--beta2", type=float, default=None,
-                   help=f"Adam's beta2 (default: PyTorch's {TUTORIAL.beta2:g}, which the tutorial keeps; wgan-gp: {wgan['beta2']:g})")
-    p.add_argument("--loss", default=TUTORIAL.loss, choices=tuple(LOSS_DEFAULTS),
-                   help="the GAN losses: 'bce' (the tutorial's BCELoss, Discriminator with BatchNorm and Sigmoid) or "
-                   "'wgan-gp' (Wasserstein loss with gradient penalty, Gulrajani et al. 2017: a critic without "
-                   "BatchNorm or Sigmoid; its own defaults for --lr, --beta1, --beta2, --n-critic)")
-    p.add_argument("--n-critic", type=int, default=None,
-                   help=f"D (critic) updates per G update (default: {TUTORIAL.n_critic}; wgan-gp: {wgan['n_critic']})")
-    p.add_argument("--gp-weight", type=float, default=None,
-                   help=f"wgan-gp: the gradient penalty's weight λ (default: {wgan['gp_weight']:g})")
+def _config_flags(p, fields, loss_dependent: bool = True) -> None:
+    """One flag per TrainConfig field, from :data:`functional_gan.config.FLAGS` (help) and the field (type, default).
+
+    A field whose default is decided later (by the loss's entry, or by the data for --nc) defaults to None, and its
+    help lists the defaults; with ``loss_dependent=False`` (no --loss flag) the tutorial's own values are the defaults.
+    """
+    import typing
+
+    from functional_gan.config import FLAGS
+    from functional_gan.losses import LOSSES
+
+    field_of = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    hints = typing.get_type_hints(TrainConfig)
+    for name in fields:
+        help_text, decided = FLAGS[name]
+        kind = next(t for t in (int, float, str) if t in (hints[name], *typing.get_args(hints[name])))
+        default = getattr(TUTORIAL, name)
+        if name == "loss":
+            p.add_argument("--loss", default=default, choices=tuple(LOSSES),
+                           help=f"{help_text}: " + "; ".join(f"'{e.name}': {e.summary}" for e in LOSSES.values())
+                           + ". A loss may have its own defaults for the optimizer flags and --n-critic")
+            continue
+        if decided == "later" and (loss_dependent or name == "nc"):
+            owners = [e for e in LOSSES.values() if name in e.own_settings]
+            others = "; ".join(f"{e.name}: {e.defaults[name]:g}" for e in LOSSES.values() if name in e.defaults)
+            if name != "nc":
+                base = "" if owners else f"{default:g}"
+                listed = "; ".join(x for x in (base, others) if x)
+                help_text += f" (default: {listed})"
+            default = None
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=help_text)
+    assert all(name in field_of for name in fields)
 
 
 def _loss_config(args, **settings) -> TrainConfig:
     """The config the --loss flags describe (and ``settings``), validated."""
-    return config_for_loss(args.loss, lr=args.lr, beta1=args.beta1, beta2=args.beta2, n_critic=args.n_critic,
-                           gp_weight=args.gp_weight, **settings).validate()
+    return config_for_loss(args.loss, **{name: getattr(args, name) for name in LOSS_FIELDS if name != "loss"},
+                           **settings).validate()
 
 
 def _add_train_parser(subparsers) -> None:
@@ -65,26 +81,12 @@ def _add_train_parser(subparsers) -> None:
         "Running again on the same --out resumes from its newest checkpoint.",
         formatter_class=_FORMATTER,
     )
-    p.add_argument("--data", default=TUTORIAL.data,
-                   help="'digits' (built in, offline), 'fake' (random), a folder of images (searched recursively, "
-                   "like ImageFolder), or a uint8 .npy array of images (NHWC or NCHW, memory-mapped)")
+    _config_flags(p, MODEL_FIELDS[:1])
     p.add_argument("--workers", type=int, default=None,
                    help="Grain worker processes that decode the images ahead of the step (default: half the CPU "
                    "cores, 1 to 8; 0: read in the training process)")
     p.add_argument("--out", default="runs/dcgan", help="run folder: samples, plots, metrics, checkpoints")
-    p.add_argument("--epochs", type=int, default=TUTORIAL.epochs, help="passes over the data")
-    p.add_argument("--steps", type=int, default=None, help="train this many iterations in total (overrides --epochs)")
-    p.add_argument("--batch-size", type=int, default=TUTORIAL.batch_size, help="images per iteration")
-    p.add_argument("--image-size", type=int, default=TUTORIAL.image_size, help="32, 64 (the tutorial's) or 128")
-    p.add_argument("--nc", type=int, default=None, help="image channels (default: 1 for the grayscale digits, else 3)")
-    p.add_argument("--nz", type=int, default=TUTORIAL.nz, help="size of the latent vector")
-    p.add_argument("--ngf", type=int, default=TUTORIAL.ngf, help="generator width")
-    p.add_argument("--ndf", type=int, default=TUTORIAL.ndf, help="discriminator width")
-    _loss_flags(p)
-    p.add_argument("--seed", type=int, default=TUTORIAL.seed, help="the run's one root seed (weights, noise, data order)")
-    p.add_argument("--devices", type=int, default=None,
-                   help="data parallelism: shard each batch over this many local devices (default: all of them; "
-                   "in a multi-process run, all devices of all processes)")
+    _config_flags(p, MODEL_FIELDS[1:] + LOSS_FIELDS + RUN_FIELDS[:2])
     p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                    help="multi-process run: the address of process 0 (default: $JAX_COORDINATOR_ADDRESS)")
     p.add_argument("--num-processes", type=int, default=None,
@@ -96,10 +98,7 @@ def _add_train_parser(subparsers) -> None:
     p.add_argument("--peer-timeout", type=int, default=DEFAULT_PEER_TIMEOUT, metavar="SECONDS",
                    help="multi-process run: a process silent this long counts as dead and the others stop "
                    "(with the iteration and the checkpoint kept)")
-    p.add_argument("--log-every", type=int, default=TUTORIAL.log_every, help="print the tutorial's stats line every N iterations")
-    p.add_argument("--sample-every", type=int, default=None,
-                   help="save a fixed-noise grid every N iterations (default: about 20 grids over the run)")
-    p.add_argument("--checkpoint-every", type=int, default=TUTORIAL.checkpoint_every, help="save a checkpoint every N iterations")
+    _config_flags(p, RUN_FIELDS[2:])
     p.add_argument("--init-generator", default=None, metavar="FILE",
                    help="start a new run from a PyTorch generator state_dict (.pth read weights-only, or .safetensors), "
                    "e.g. the tutorial's; Adam starts fresh")
@@ -121,13 +120,10 @@ def _run_train(args) -> int:
     for flag in ("join_timeout", "peer_timeout"):
         if getattr(args, flag) <= 0:
             raise UserError(f"--{flag.replace('_', '-')} must be a positive number of seconds, got {getattr(args, flag)}")
-    config = _loss_config(
-        args, data=args.data, batch_size=args.batch_size, image_size=args.image_size,
-        nc=args.nc if args.nc is not None else default_channels(args.data), nz=args.nz, ngf=args.ngf, ndf=args.ndf,
-        epochs=args.epochs, steps=args.steps,
-        seed=args.seed, log_every=args.log_every, sample_every=args.sample_every, checkpoint_every=args.checkpoint_every,
-        devices=args.devices,
-    )
+    settings = {name: getattr(args, name) for name in MODEL_FIELDS + RUN_FIELDS}
+    if settings["nc"] is None:
+        settings["nc"] = default_channels(args.data)
+    config = _loss_config(args, **settings)
     if processes is not None and not launch.supervised():
         # Each process of a multi-process run trains in a child that this process watches (functional_gan.launch).
         return launch.supervise(launch.child_command(args.argv), processes.process_id, processes.coordinator,
@@ -341,7 +337,7 @@ def _add_replay_parser(subparsers) -> None:
     p.add_argument("--discriminator", required=True, help="netD state_dict file")
     p.add_argument("--batches", required=True, help=".npz with 'real' and 'noise' (and 'mix' for wgan-gp), NCHW as in PyTorch")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision of the replay")
-    _loss_flags(p)
+    _config_flags(p, LOSS_FIELDS)
     p.add_argument("--out", required=True, help=".npz file for the per-step metrics")
     p.add_argument("--out-generator", help="write the final netG state_dict here (.pt or .safetensors)")
     p.add_argument("--out-discriminator", help="write the final netD state_dict here (.pt or .safetensors)")
@@ -351,8 +347,8 @@ def _add_replay_parser(subparsers) -> None:
 def _run_replay(args) -> int:
     from functional_gan.replay import replay_files
 
-    optimizer = _loss_config(args)
-    result = replay_files(args.generator, args.discriminator, args.batches, args.out, args.dtype, optimizer,
+    settings = _loss_config(args)
+    result = replay_files(args.generator, args.discriminator, args.batches, args.out, args.dtype, settings,
                           args.out_generator, args.out_discriminator)
     m, c = result.metrics, result.config
     print(f"Replayed {len(m['loss_d'])} steps in {args.dtype} (image {c.image_size}, nz {c.nz}, ngf {c.ngf}, ndf {c.ndf}); "
@@ -383,22 +379,19 @@ def _add_diverge_parser(subparsers) -> None:
                    "(float64: 1e-10; float32: --k times PyTorch float32's own error on the same iteration)")
     p.add_argument("--k", type=float, default=3.0,
                    help="float32: how many times PyTorch's own float32 error (against PyTorch float64) the port may be off")
-    _optimizer_flags(p)
+    _config_flags(p, OPTIMIZER_FIELDS, loss_dependent=False)
     p.set_defaults(handler=_run_diverge)
 
 
 def _run_diverge(args) -> int:
-    try:
-        from functional_gan.comparisons import diverge
-    except ImportError as error:
-        raise UserError(f"the divergence finder needs PyTorch: pip install 'functional-gan[torch]' ({error})") from error
+    diverge = torch_side("functional_gan.comparisons.diverge", "the divergence finder")
     if args.tolerance is not None and not args.tolerance > 0:
         raise UserError(f"--tolerance must be positive, got {args.tolerance}")
     if not args.k > 0:
         raise UserError(f"--k must be positive, got {args.k}")
-    optimizer = TrainConfig(lr=args.lr, beta1=args.beta1, beta2=args.beta2).validate()
+    settings = TrainConfig(lr=args.lr, beta1=args.beta1, beta2=args.beta2).validate()
     divergence, history = diverge.diverge_files(args.generator, args.discriminator, args.batches, args.dtype,
-                                                args.tolerance, optimizer, args.k)
+                                                args.tolerance, settings, args.k)
     print(diverge.format_divergence(divergence, history, args.dtype, args.tolerance, args.k))
     return 0 if divergence is None else 1
 
@@ -425,10 +418,7 @@ def _add_check_port_parser(subparsers) -> None:
 
 
 def _run_check_port(args) -> int:
-    try:
-        from functional_gan.comparisons import port
-    except ImportError as error:
-        raise UserError(f"check-port needs PyTorch: pip install 'functional-gan[torch]' ({error})") from error
+    port = torch_side("functional_gan.comparisons.port", "check-port")
     if not args.k > 0:
         raise UserError(f"--k must be positive, got {args.k}")
     report = port.check_port(port.load_spec(args.spec), args.dtype, args.steps, args.k)
@@ -476,13 +466,10 @@ def _run_compare(args) -> int:
         raise UserError(f"--quality-steps must be positive, got {args.quality_steps}")
     if args.quality_seeds < 2:
         raise UserError(f"--quality-seeds must be at least 2 (a paired comparison), got {args.quality_seeds}")
-    needs_torch = set(groups) - {"fixtures"}
-    try:
-        from functional_gan.comparisons import quality, report
-        if needs_torch:
-            import torch  # noqa: F401
-    except ImportError as error:
-        raise UserError(f"the comparison suite needs PyTorch: pip install 'functional-gan[torch]' ({error})") from error
+    from functional_gan.comparisons import quality, report
+
+    if set(groups) - set(report.NEEDS_NO_TORCH):
+        torch_side("torch", "the comparison suite (except --only " + " ".join(report.NEEDS_NO_TORCH) + ")")
     spec = quality.QualitySpec(run=dataclasses.replace(quality.QUALITY_RUN, steps=args.quality_steps),
                                seeds=tuple(range(1, args.quality_seeds + 1)))
     results, path = report.run_suite(args.out, groups=groups, quality_spec=spec)
@@ -582,6 +569,14 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except UserError as error:
         print(f"functional-gan {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        if error.filename is None:  # not about a path: a bug or a system failure, with its traceback
+            raise
+        # A path from the command line that cannot be read or written (missing, a file where a folder should be,
+        # no permission, disk full): one line, and what was written before stays.
+        paths = " → ".join(str(p) for p in (error.filename, error.filename2) if p is not None)
+        print(f"functional-gan {args.command}: error: {paths}: {error.strerror or error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; checkpoints already written are kept", file=sys.stderr)

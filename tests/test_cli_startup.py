@@ -24,8 +24,9 @@ def _run(*args, env=None):
 
 
 def test_help_answers_without_importing_jax():
-    # (`lessons --help` and `bench --help` list what the lessons and the benchmark define, so they load JAX.)
-    for args in (["--help"], ["train", "--help"], ["sample", "--help"], ["diverge", "--help"]):
+    # (`train`, `replay` and `diverge --help` list the losses' entries and the flags' defaults, `lessons` and `bench`
+    # what they define: those load JAX.)
+    for args in (["--help"], ["sample", "--help"], ["export", "--help"], ["check-port", "--help"]):
         result = _run(*args)
         assert "usage: functional-gan" in result.stdout, result.stderr
         assert "NO JAX" in result.stderr, (args, result.stderr)
