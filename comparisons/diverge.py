@@ -242,20 +242,19 @@ def _entries(ref: dict, noisy: list[dict], ours: dict, shadow_updates: dict, dty
     forward("G", "G")
     forward("D(real)", "D")
     forward("D(fake.detach())", "D")
-    add("loss", "loss", "errD", ref["errD"], ours["errD"], lambda side: side["errD"])
-    for key, value in ref["D gradient"].items():
-        add("gradient", "D", key, value, ours["D gradient"][key], lambda side, key=key: side["D gradient"][key])
-    for key in ref["D gradient"]:
-        add("update", "D", key, shadow_updates["D"][0][key], ours["D after step"][key], None,
-            shadow_updates["D"][1][key] if shadow_updates["D"][1] is not None else shadow_updates["D"][0][key])
+    def network_step(network, loss_name):  # the loss, every gradient, every update (from the same gradients)
+        add("loss", "loss", loss_name, ref[loss_name], ours[loss_name], lambda side: side[loss_name])
+        gradients, after, (reference, noisy_update) = f"{network} gradient", f"{network} after step", shadow_updates[network]
+        for key, value in ref[gradients].items():
+            add("gradient", network, key, value, ours[gradients][key], lambda side, key=key: side[gradients][key])
+        for key in ref[gradients]:
+            add("update", network, key, reference[key], ours[after][key], None,
+                (noisy_update if noisy_update is not None else reference)[key])
+
+    network_step("D", "errD")
     statistics("D", "D after step", ours["D after step"], " (after the D step)")
     forward("D updated (fake)", "D")
-    add("loss", "loss", "errG", ref["errG"], ours["errG"], lambda side: side["errG"])
-    for key, value in ref["G gradient"].items():
-        add("gradient", "G", key, value, ours["G gradient"][key], lambda side, key=key: side["G gradient"][key])
-    for key in ref["G gradient"]:
-        add("update", "G", key, shadow_updates["G"][0][key], ours["G after step"][key], None,
-            shadow_updates["G"][1][key] if shadow_updates["G"][1] is not None else shadow_updates["G"][0][key])
+    network_step("G", "errG")
     statistics("G", "G after step", ours["G after step"])
     statistics("D", "D after iteration", ours["D after iteration"])
     return entries
@@ -263,7 +262,7 @@ def _entries(ref: dict, noisy: list[dict], ours: dict, shadow_updates: dict, dty
 
 def find_divergence(
     generator_sd: dict, discriminator_sd: dict, real_NCHW: np.ndarray, noise_NCHW: np.ndarray,
-    dtype: str = "float64", tolerance: float | None = None, optimizer: TrainConfig = TUTORIAL, k: float = port.DEFAULT_K,
+    dtype: str = "float64", tolerance: float | None = None, settings: TrainConfig = TUTORIAL, k: float = port.DEFAULT_K,
 ) -> tuple[Divergence | None, list[list[Entry]]]:
     """Run both frameworks iteration by iteration from PyTorch's state; return the first divergence (or None).
 
@@ -271,7 +270,7 @@ def find_divergence(
     own float32 error in float32). Also returns every iteration's entries (up to the divergent one).
     """
     real_NCHW, noise_NCHW = np.asarray(real_NCHW), np.asarray(noise_NCHW)
-    config = config_from_state_dicts(generator_sd, discriminator_sd, real_NCHW.shape[1] if real_NCHW.ndim == 5 else 1, optimizer)
+    config = config_from_state_dicts(generator_sd, discriminator_sd, real_NCHW.shape[1] if real_NCHW.ndim == 5 else 1, settings)
     check_batches(real_NCHW, noise_NCHW, config)
     history = []
     float32 = dtype == "float32"
@@ -387,10 +386,10 @@ def format_divergence(divergence: Divergence | None, history: list[list[Entry]],
 
 
 def diverge_files(generator: str | os.PathLike, discriminator: str | os.PathLike, batches: str | os.PathLike,
-                  dtype: str = "float64", tolerance: float | None = None, optimizer: TrainConfig = TUTORIAL,
+                  dtype: str = "float64", tolerance: float | None = None, settings: TrainConfig = TUTORIAL,
                   k: float = port.DEFAULT_K):
     """:func:`find_divergence` on files (the tutorial's state_dicts, an .npz of batches, as ``replay`` reads)."""
     generator_sd = convert.load_state_dict_file(generator)
     discriminator_sd = convert.load_state_dict_file(discriminator)
     real, noise = load_batches(batches)
-    return find_divergence(generator_sd, discriminator_sd, real, noise, dtype, tolerance, optimizer, k)
+    return find_divergence(generator_sd, discriminator_sd, real, noise, dtype, tolerance, settings, k)

@@ -25,9 +25,9 @@ def run_start():
     return torch_reference.state_dict_numpy(net_g), torch_reference.state_dict_numpy(net_d), real, noise
 
 
-def _find(run_start, **kwargs):
+def _find(run_start, dtype="float64", **kwargs):
     generator_sd, discriminator_sd, real, noise = run_start
-    return diverge.find_divergence(generator_sd, discriminator_sd, real, noise, "float64", optimizer=SPEC, **kwargs)
+    return diverge.find_divergence(generator_sd, discriminator_sd, real, noise, dtype, settings=SPEC, **kwargs)
 
 
 def test_the_port_as_it_is_does_not_diverge(run_start):
@@ -73,20 +73,15 @@ def test_bce_without_pytorchs_clamp_is_found_at_the_loss(run_start, monkeypatch)
     # which PyTorch clamps at −100).
     last = max((k for k in discriminator_sd if k.endswith(".weight")), key=lambda k: int(k.split(".")[1]))
     saturated = dict(discriminator_sd, **{last: discriminator_sd[last] * 1e4})
-    divergence, _ = diverge.find_divergence(generator_sd, saturated, real, noise, "float64", optimizer=SPEC)
+    divergence, _ = diverge.find_divergence(generator_sd, saturated, real, noise, "float64", settings=SPEC)
     assert divergence is not None and divergence.step == 1
     assert divergence.entry.stage == "loss" and divergence.entry.name == "errD"
     assert {e.stage for e in divergence.before} == {"forward"}
     assert not np.isfinite(divergence.entry.jax_values) and np.isfinite(divergence.entry.torch_values)
 
 
-def _find32(run_start, **kwargs):
-    generator_sd, discriminator_sd, real, noise = run_start
-    return diverge.find_divergence(generator_sd, discriminator_sd, real, noise, "float32", optimizer=SPEC, **kwargs)
-
-
 def test_float32_the_port_as_it_is_agrees_within_pytorchs_own_noise(run_start):
-    divergence, history = _find32(run_start)
+    divergence, history = _find(run_start, "float32")
     assert divergence is None, diverge.format_divergence(divergence, history, "float32")
     entries = [e for step in history for e in step]
     # Every float32 entry was judged against PyTorch's own float32 error (the updates against PyTorch's Adam
@@ -97,7 +92,7 @@ def test_float32_the_port_as_it_is_agrees_within_pytorchs_own_noise(run_start):
 
 def test_float32_still_finds_a_biased_running_variance(run_start, monkeypatch):
     monkeypatch.setattr(layers, "running_variance", lambda biased_var, n: biased_var)
-    divergence, _ = _find32(run_start)
+    divergence, _ = _find(run_start, "float32")
     assert divergence is not None and divergence.step == 1
     # The n/(n−1) factor is 1 + 1/1023 at main.3 (4 × 16 × 16 values a channel): × momentum 0.1 it moves the
     # running variance by ~1e-4 × (var − 1), within float32 noise there; at main.6 (4 × 8 × 8) it is 4× larger.
@@ -111,7 +106,7 @@ def test_float32_still_finds_adams_eps_inside_the_root(run_start, monkeypatch):
                            optax.scale(-config.lr))
 
     monkeypatch.setattr(train, "make_optimizer", adam_eps_inside)
-    divergence, _ = _find32(run_start)
+    divergence, _ = _find(run_start, "float32")
     assert divergence is not None and divergence.step == 1
     assert (divergence.entry.stage, divergence.entry.network) == ("update", "D")
 
@@ -124,7 +119,7 @@ def test_the_g_step_starts_from_pytorchs_updated_d(run_start, monkeypatch):
 
     generator_sd, discriminator_sd, real, noise = run_start
     monkeypatch.setattr(train, "make_optimizer", adam_eps_inside)
-    _, history = diverge.find_divergence(generator_sd, discriminator_sd, real, noise, "float64", tolerance=1.0, optimizer=SPEC)
+    _, history = diverge.find_divergence(generator_sd, discriminator_sd, real, noise, "float64", tolerance=1.0, settings=SPEC)
     g_step = [e for e in history[0] if e.network == "G" and e.stage in ("gradient",) or e.name.startswith("D updated")]
     assert g_step and max(e.difference for e in g_step) < 1e-12
     assert max(e.difference for e in history[0] if e.stage == "update" and e.network == "D") > 1e-6

@@ -23,17 +23,14 @@ import orbax.checkpoint as ocp
 import pytest
 
 from functional_gan import checkpoints
-from functional_gan.config import TrainConfig
 from functional_gan.main import main
-from tests.helpers import run_grids, tree_allclose
+from tests.helpers import run_grids, tiny, train_args, tree_allclose
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # 8 iterations on random data; grids at 2, 4, 6, 8 and checkpoints at 4 and 8.
-CONFIG = TrainConfig(data="fake", batch_size=4, image_size=32, nz=8, ngf=4, ndf=4, nc=3, steps=8,
-                     log_every=2, sample_every=2, checkpoint_every=4)
-ARGS = ["--data", "fake", "--batch-size", "4", "--image-size", "32", "--nz", "8", "--ngf", "4", "--ndf", "4",
-        "--nc", "3", "--steps", "8", "--log-every", "2", "--sample-every", "2", "--checkpoint-every", "4", "--no-progress"]
+CONFIG = tiny(steps=8, log_every=2, sample_every=2, checkpoint_every=4)
+ARGS = [*train_args(CONFIG), "--no-progress"]
 
 
 def _train(out: Path, *extra: str) -> int:

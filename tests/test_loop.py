@@ -9,15 +9,14 @@ import pytest
 from PIL import Image
 
 from functional_gan import checkpoints
-from functional_gan.config import ConfigError, TrainConfig
+from functional_gan.config import ConfigError
 from functional_gan.data import ImageDataset, make_fake
 from functional_gan.loop import NonFiniteLossError, train
 from functional_gan.main import main
 
-TINY = TrainConfig(
-    data="fake", batch_size=4, image_size=32, nz=8, ngf=4, ndf=4, nc=3, steps=6,
-    log_every=2, sample_every=3, checkpoint_every=3,
-)
+from tests.helpers import tiny
+
+TINY = tiny(steps=6, log_every=2, sample_every=3, checkpoint_every=3)
 
 
 def _dataset():

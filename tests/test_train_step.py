@@ -7,14 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from functional_gan.config import TrainConfig
 from functional_gan.losses import bce_discriminator_loss
 from functional_gan.pytorch import dcgan
 from functional_gan.pytorch.precision import default_dtype
 from functional_gan.train import init_state, make_gan_step, make_models, make_train_step
-from tests.helpers import max_state_dict_difference, nchw_to_nhwc, state_from_torch
+from tests.helpers import TINY, max_state_dict_difference, nchw_to_nhwc, state_from_torch
 
-TINY = TrainConfig(batch_size=4, image_size=32, nz=8, ngf=4, ndf=4, nc=3)
 
 
 def test_one_real_step_on_a_tiny_config():
