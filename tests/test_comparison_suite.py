@@ -97,6 +97,7 @@ def test_noise_floor_check_at_a_width_where_adam_amplifies_rounding():
 SHORT_QUALITY = quality.QualitySpec(seeds=(1,), num_samples=256)
 
 
+@pytest.mark.slow
 def test_a_short_float32_run_learns_in_both_frameworks():
     result = quality.compare_quality(SHORT_QUALITY, progress=lambda _: None)
     assert result["classifier_accuracy"] > 0.9
