@@ -16,7 +16,7 @@ The JAX side is the training step itself: the parts :func:`functional_gan.train.
 :func:`~functional_gan.train.generator_update`), built from the project's pieces when the finder
 runs, so a test can plant a fault in any of them and check that the finder names it.
 
-Each quantity is judged by :func:`functional_gan.comparisons.port.compare`, the same core as
+Each quantity is judged by :func:`functional_gan.comparisons.judge.compare`, the same core as
 ``check-port``: the reference is PyTorch in float64. In float64 the port must agree within 1e-10 of
 each tensor's scale; in float32 within k × PyTorch's own float32 error (the largest of three
 float32 PyTorch runs of the same iteration: as it is, and with the batch's rows in two other orders).
@@ -42,7 +42,7 @@ from functional_gan.pytorch import dcgan
 from functional_gan.pytorch.precision import default_dtype
 from functional_gan.replay import check_batches, config_from_state_dicts, load_batches
 
-from . import port, reference_runs
+from . import judge, port, reference_runs
 from .common import state_from_snapshot
 
 STAGES = ("forward", "loss", "gradient", "update", "running statistics")
@@ -51,12 +51,12 @@ PERMUTED_RUNS = port.PERMUTED_RUNS
 
 @dataclasses.dataclass
 class Entry:
-    """One compared quantity of one iteration: the core's verdict (:class:`~.port.Row`) and both sides' tensors."""
+    """One compared quantity of one iteration: the core's verdict (:class:`~.judge.Row`) and both sides' tensors."""
 
     stage: str  # one of STAGES
     network: str  # "G", "D" or "loss"
     name: str  # e.g. "D(real) main.2 output", "main.3.weight", "errD"
-    row: port.Row
+    row: judge.Row
     torch_values: np.ndarray
     jax_values: np.ndarray
     kinks: int = 0  # float32 gradients: activations on the other side of a ReLU's kink in the passes behind it
@@ -224,7 +224,7 @@ def _entries(ref: dict, noisy: list[dict], ours: dict, shadow_updates: dict, dty
 
     def add(stage, network, name, theirs, mine, pick, shadow=None):
         noisy_values = [shadow] if shadow is not None else [pick(side) for side in noisy]
-        row = port.compare(stage, name, mine, theirs, noisy_values, dtype, k, tolerance)
+        row = judge.compare(stage, name, mine, theirs, noisy_values, dtype, k, tolerance)
         crossed = kinks[network] if stage == "gradient" and not row.passed else 0
         entries.append(Entry(stage, network, name, row, np.asarray(theirs), np.asarray(mine), crossed))
 
@@ -262,7 +262,7 @@ def _entries(ref: dict, noisy: list[dict], ours: dict, shadow_updates: dict, dty
 
 def find_divergence(
     generator_sd: dict, discriminator_sd: dict, real_NCHW: np.ndarray, noise_NCHW: np.ndarray,
-    dtype: str = "float64", tolerance: float | None = None, settings: TrainConfig = TUTORIAL, k: float = port.DEFAULT_K,
+    dtype: str = "float64", tolerance: float | None = None, settings: TrainConfig = TUTORIAL, k: float = judge.DEFAULT_K,
 ) -> tuple[Divergence | None, list[list[Entry]]]:
     """Run both frameworks iteration by iteration from PyTorch's state; return the first divergence (or None).
 
@@ -339,12 +339,12 @@ def _criterion(dtype: str, tolerance: float | None, k: float) -> str:
     if tolerance is not None:
         return f"a fixed tolerance of {tolerance:g} of each tensor's scale"
     if dtype == "float64":
-        return f"{port.FLOAT64_TOLERANCE:g} of each tensor's scale"
-    return f"{k:g} × PyTorch's own float32 error (at least {port.ULPS} ulps), relative to each tensor's scale"
+        return f"{judge.FLOAT64_TOLERANCE:g} of each tensor's scale"
+    return f"{k:g} × PyTorch's own float32 error (at least {judge.ULPS} ulps), relative to each tensor's scale"
 
 
 def format_divergence(divergence: Divergence | None, history: list[list[Entry]], dtype: str,
-                      tolerance: float | None = None, k: float = port.DEFAULT_K) -> str:
+                      tolerance: float | None = None, k: float = judge.DEFAULT_K) -> str:
     """A report a person reads top to bottom: the verdict, the divergent tensor's values, the step's table."""
     criterion = _criterion(dtype, tolerance, k)
     noise_column = dtype == "float32"
@@ -387,7 +387,7 @@ def format_divergence(divergence: Divergence | None, history: list[list[Entry]],
 
 def diverge_files(generator: str | os.PathLike, discriminator: str | os.PathLike, batches: str | os.PathLike,
                   dtype: str = "float64", tolerance: float | None = None, settings: TrainConfig = TUTORIAL,
-                  k: float = port.DEFAULT_K):
+                  k: float = judge.DEFAULT_K):
     """:func:`find_divergence` on files (the tutorial's state_dicts, an .npz of batches, as ``replay`` reads)."""
     generator_sd = convert.load_state_dict_file(generator)
     discriminator_sd = convert.load_state_dict_file(discriminator)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
-import math
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -54,10 +53,9 @@ import torch
 
 from functional_gan.errors import UserError
 
-DEFAULT_K = 3.0
-FLOAT64_TOLERANCE = 1e-10  # of a tensor's scale
+from .judge import DEFAULT_K, FLOAT64_TOLERANCE, ULPS, Row, compare
+
 PERMUTED_RUNS = 2  # float32 PyTorch runs with the batch in another order, besides the plain one
-ULPS = 4  # the smallest noise allowed for, in units of float32's epsilon times a tensor's scale
 
 
 class SpecError(UserError):
@@ -345,28 +343,6 @@ def torch_in_flax_layout(model: torch.nn.Module, pairings: list[Pairing], which:
 
 
 @dataclasses.dataclass
-class Row:
-    stage: str
-    name: str  # layer path or tensor
-    port_error: float  # max |JAX − PyTorch₆₄| / scale
-    noise: float | None  # max |PyTorch₃₂ − PyTorch₆₄| / scale (float32 runs)
-    allowed: float
-    scale: float
-    jax_value: float
-    torch_value: float
-
-    @property
-    def passed(self) -> bool:
-        return self.port_error <= self.allowed
-
-    @property
-    def ratio(self) -> float | None:
-        if self.noise is None:
-            return None
-        return self.port_error / _noise_at_least_ulps(self.noise)
-
-
-@dataclasses.dataclass
 class Report:
     spec: str
     dtype: str
@@ -414,45 +390,6 @@ class Report:
                          f"{first.jax_value:.8g}, PyTorch (float64) {first.torch_value:.8g}.")
         text = "\n".join(lines)
         return f"```text\n{text}\n```\n" if markdown else text
-
-
-def _noise_at_least_ulps(noise: float) -> float:
-    return max(noise, ULPS * float(np.finfo(np.float32).eps))
-
-
-def float32_allowed(noise: float, k: float = DEFAULT_K) -> float:
-    """The largest error (relative to a tensor's scale) a float32 port may have: k × PyTorch's own, at least 4 ulps."""
-    return k * _noise_at_least_ulps(noise)
-
-
-def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float = DEFAULT_K,
-            tolerance: float | None = None) -> Row:
-    """One quantity judged: the port's error against the float64 reference, relative to the reference's scale.
-
-    float64: within ``tolerance`` (default 1e-10). float32: within k × PyTorch's own error, the largest of
-    ``noisy`` (PyTorch's float32 results) against the reference, at least 4 ulps; a ``tolerance`` given
-    replaces that criterion with a fixed one.
-    """
-    port = np.asarray(port, np.float64)
-    reference = np.asarray(reference, np.float64)
-    if port.shape != reference.shape:
-        return Row(stage, f"{name} (shape {port.shape} vs PyTorch {reference.shape})", math.inf, None, 0.0, 0.0,
-                   math.nan, math.nan)
-    scale = float(np.max(np.abs(reference))) if reference.size else 0.0
-    scale = scale if scale > 0 else 1.0
-    difference = np.abs(port - reference)
-    where = np.unravel_index(int(np.argmax(difference)), difference.shape) if difference.size else ()
-    error = float(difference[where]) / scale if difference.size else 0.0
-    if not np.all(np.isfinite(port)):
-        error = math.inf
-    if dtype == "float64" or (tolerance is not None and not noisy):
-        noise, allowed = None, FLOAT64_TOLERANCE if tolerance is None else tolerance
-    else:  # ``noisy``: PyTorch's float32 results; the largest of their errors is PyTorch's own noise
-        noise = max((float(np.max(np.abs(np.asarray(n, np.float64) - reference))) / scale if reference.size else 0.0)
-                    for n in noisy)
-        allowed = float32_allowed(noise, k) if tolerance is None else tolerance
-    return Row(stage, name, error, noise, allowed, scale, float(port[where]) if port.size else math.nan,
-               float(reference[where]) if reference.size else math.nan)
 
 
 # --- running both -------------------------------------------------------------------------------------

@@ -53,10 +53,10 @@ def _torch_conv_weight_to_hwio(weight_OIHW: jax.Array) -> jax.Array:
 
 
 # On CPU a strided convolution or a weight gradient whose activations overflow the cache slows
-# down more than linearly with the batch (D's 64→128 layer at 32×32 took 3.4× as long at batch
-# 128 as at batch 64). Splitting the batch into chunks whose input and output fit this budget
-# keeps the cost near linear: one A/B run of the whole step at batch 128 gave 2236 ms unsplit and
-# 1626 ms split (batch 64: 852 and 793 ms); `functional-gan bench` measures the scaling.
+# down more than linearly with the batch. Splitting the batch into chunks whose input and output
+# fit this budget keeps the cost near linear. Measure: `functional-gan bench --batch-sizes 64 128
+# --no-torch-compile` with this budget and with it set very large (the step's scaling and the
+# per-layer table).
 # Convolutions are per sample, so a split forward is exact; weight gradients become sums over
 # chunks (a different summation order, float rounding only).
 CPU_CONV_CHUNK_BYTES = 4 * 2**20
@@ -188,7 +188,7 @@ def _subpixel_conv_transpose(x_NHWC, weight_IOHW, stride, padding, out_hw):
         x_NHWC, jnp.zeros((), x_NHWC.dtype), ((0, 0, 0), (pad_low, pad_high_h, 0), (pad_low, pad_high_w, 0), (0, 0, 0))
     )
     # Not split along the batch (see CPU_CONV_CHUNK_BYTES): for this stride-1 convolution a split
-    # measured slower (G's forward for 64 samples: 93 ms whole, 122 ms in 4 MiB chunks).
+    # measured slower (compare the `sampling` row of `functional-gan bench --quick` with a split here).
     z = lax.conv_general_dilated(x_padded, kernel_HWIO, (1, 1), "VALID", dimension_numbers=_NHWC_HWIO)
     z = z.reshape(n, z.shape[1], z.shape[2], stride, stride, c_out)
     phases = jnp.stack(

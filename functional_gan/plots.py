@@ -5,12 +5,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from PIL import Image
 
-matplotlib.use("Agg")  # files only, no screen needed
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
+
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, imported on first use (a grid needs only Pillow)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no screen needed
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def make_grid(images_NHWC: np.ndarray, nrow: int = 8, padding: int = 2, normalize: bool = True) -> np.ndarray:
@@ -52,6 +58,7 @@ def save_line_plot(series: dict[str, np.ndarray], path: str | os.PathLike, title
                    log: bool = False, figsize=(10, 5)) -> Path:
     """Curves over iterations (numbered from 1), one per entry of ``series``."""
     path = Path(path)
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=figsize)
     for label, values in series.items():
         ax.plot(np.arange(1, len(values) + 1), values, label=label)
@@ -91,6 +98,7 @@ def save_progress_gif(grid_paths: list[Path], path: str | os.PathLike, frame_ms:
 def save_grids_side_by_side(panels: dict[str, np.ndarray], path: str | os.PathLike, padding: int = 2) -> Path:
     """One titled image grid per entry of ``panels`` (title → images NHWC), side by side."""
     path = Path(path)
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 8))
     for ax, (title, images) in zip(np.atleast_1d(axes), panels.items()):
         ax.axis("off")

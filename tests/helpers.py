@@ -20,7 +20,7 @@ from functional_gan.train import GANState
 
 
 # The tiny configuration every test trains or steps with unless it needs something else: random data, 32×32,
-# widths 4, batch 4 (a few hundred milliseconds per compiled step on 2 cores).
+# widths 4, batch 4 (the smallest the models take; `pytest tests/test_train_step.py --durations=0` times a step).
 TINY = TrainConfig(data="fake", batch_size=4, image_size=32, nz=8, ngf=4, ndf=4, nc=3)
 
 

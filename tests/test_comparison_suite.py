@@ -92,7 +92,7 @@ def test_noise_floor_check_at_a_width_where_adam_amplifies_rounding():
 
 
 # A short version of `functional-gan compare`'s long statistical runs (2 seeds × 300 iterations,
-# about 90 s on 2 cores, with the verdict on the mean gap): one seed, so it checks that both
+# with the verdict on the mean gap; `pytest -m slow --durations=1` times it): one seed, so it checks that both
 # frameworks learn from the same start, data and noise, not how close their qualities are.
 SHORT_QUALITY = quality.QualitySpec(seeds=(1,), num_samples=256)
 
