@@ -166,14 +166,14 @@ def _step_with_gradients(net, optimizer, gradients: dict[str, np.ndarray]) -> di
 
 
 def _captured(model, variables, x):
-    """{module index: output NCHW} of one training-mode forward."""
+    """({module index: output NCHW}, the updated batch_stats) of one training-mode forward."""
     _, updates = model.apply(variables, x, mutable=["batch_stats", "intermediates"], capture_intermediates=True)
     layers = {}
     for name, value in updates["intermediates"].items():
         if name.startswith("main_"):
             array = value["__call__"][0]
             layers[int(name.removeprefix("main_"))] = array.transpose(0, 3, 1, 2) if array.ndim == 4 else array
-    return layers
+    return layers, updates["batch_stats"]
 
 
 def _jax_iteration(config: TrainConfig):
@@ -186,16 +186,16 @@ def _jax_iteration(config: TrainConfig):
         record = {}
         g_vars = {"params": state.generator_params, "batch_stats": state.generator_batch_stats}
         d_vars = {"params": state.discriminator_params, "batch_stats": state.discriminator_batch_stats}
-        record["G"] = _captured(generator, g_vars, noise_NZ)
+        record["G"], _ = _captured(generator, g_vars, noise_NZ)
         fake, generator_vjp, g_stats = train.generate(generator, state, noise_NZ)
         d = train.discriminator_update(discriminator, optimizer, loss_pair, state, real_NHWC, fake)
-        record["D(real)"] = _captured(discriminator, d_vars, real_NHWC)
-        _, stats_after_real = discriminator.apply(d_vars, real_NHWC, mutable=["batch_stats"])
-        record["D(fake.detach())"] = _captured(discriminator, {**d_vars, **stats_after_real}, jax.lax.stop_gradient(fake))
+        record["D(real)"], stats_after_real = _captured(discriminator, d_vars, real_NHWC)
+        record["D(fake.detach())"], _ = _captured(discriminator, {**d_vars, "batch_stats": stats_after_real},
+                                                  jax.lax.stop_gradient(fake))
         record.update(errD=d.loss, d_grads=d.grads, d_params=d.params, d_stats=d.batch_stats)
         # The G step from PyTorch's updated D (teacher forcing): a difference in D's update, judged above,
         # does not reach it.
-        record["D updated (fake)"] = _captured(discriminator, {"params": d_params_after, "batch_stats": d_stats_after}, fake)
+        record["D updated (fake)"], _ = _captured(discriminator, {"params": d_params_after, "batch_stats": d_stats_after}, fake)
         g = train.generator_update(discriminator, optimizer, loss_pair, state, d_params_after, d_stats_after, fake, generator_vjp)
         record.update(errG=g.loss, g_grads=g.grads, g_params=g.params, g_stats=g_stats, d_stats_final=g.discriminator_batch_stats)
         return record
@@ -244,12 +244,12 @@ def _entries(ref: dict, noisy: list[dict], ours: dict, shadow_updates: dict, dty
     forward("D(fake.detach())", "D")
     def network_step(network, loss_name):  # the loss, every gradient, every update (from the same gradients)
         add("loss", "loss", loss_name, ref[loss_name], ours[loss_name], lambda side: side[loss_name])
-        gradients, after, (reference, noisy_update) = f"{network} gradient", f"{network} after step", shadow_updates[network]
+        # shadow_updates[network]: PyTorch float64's update, then float32's (in float32 runs) from the same gradients
+        gradients, after, updates = f"{network} gradient", f"{network} after step", shadow_updates[network]
         for key, value in ref[gradients].items():
             add("gradient", network, key, value, ours[gradients][key], lambda side, key=key: side[gradients][key])
         for key in ref[gradients]:
-            add("update", network, key, reference[key], ours[after][key], None,
-                (noisy_update if noisy_update is not None else reference)[key])
+            add("update", network, key, updates[0][key], ours[after][key], None, updates[-1][key])
 
     network_step("D", "errD")
     statistics("D", "D after step", ours["D after step"], " (after the D step)")
@@ -320,7 +320,6 @@ def find_divergence(
                 "D": [_step_with_gradients(s[1], s[3], ours["D gradient"]) for s in shadows],
                 "G": [_step_with_gradients(s[0], s[2], ours["G gradient"]) for s in shadows],
             }
-            shadow_updates = {n: (u[0], u[1] if len(u) > 1 else None) for n, u in shadow_updates.items()}
             entries = _entries(ref, noisy, ours, shadow_updates, dtype, k, tolerance, before_activation)
             for i, entry in enumerate(entries):
                 if not entry.passed:

@@ -163,7 +163,7 @@ def hinge_discriminator_loss(critic: Critic, params, batch_stats, real_NHWC, fak
 HINGE_LOSS = LossSpec(
     "hinge", "the hinge loss of SNGAN and BigGAN, relu(1 − D(x)) + relu(1 + D(G(z))) for D and −D(G(z)) for G, "
     "critic without BatchNorm or Sigmoid", lambda config, mix_N: GANLoss(hinge_discriminator_loss, wgan_generator_loss),
-    True, labels=("D(x)", "D(G(z))"), torch_reference="functional_gan.pytorch.hinge",
+    True, torch_reference="functional_gan.pytorch.hinge",
 )
 
 LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in (BCE_LOSS, WGAN_GP_LOSS, HINGE_LOSS)}

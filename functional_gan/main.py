@@ -8,7 +8,6 @@ other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -44,7 +43,6 @@ def _config_flags(p, fields, loss_dependent: bool = True) -> None:
     from functional_gan.config import FLAGS
     from functional_gan.losses import LOSSES
 
-    field_of = {f.name: f for f in dataclasses.fields(TrainConfig)}
     hints = typing.get_type_hints(TrainConfig)
     for name in fields:
         help_text, decided = FLAGS[name]
@@ -64,7 +62,6 @@ def _config_flags(p, fields, loss_dependent: bool = True) -> None:
                 help_text += f" (default: {listed})"
             default = None
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=help_text)
-    assert all(name in field_of for name in fields)
 
 
 def _loss_config(args, **settings) -> TrainConfig:
