@@ -321,6 +321,78 @@ def _run_graph(args) -> int:
     return 0
 
 
+def _add_notebooks_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "notebooks", help="write the lessons as notebooks (jupytext percent .py and .ipynb), one per family",
+        description="Generates one notebook per lesson family from the lessons' registry: each side's own source, "
+        "run and shown as a table, then the family's graph pictures. Writes FAMILY.py (jupytext's percent format) and "
+        "FAMILY.ipynb built from it (needs the docs extra: pip install -e '.[docs]'). --execute also runs each .ipynb "
+        "top to bottom in a fresh kernel and keeps its outputs.",
+        formatter_class=_FORMATTER,
+    )
+    from functional_gan.lessons.registry import FAMILIES
+
+    p.add_argument("families", nargs="*", metavar="FAMILY", help=f"families to write (default: all): {', '.join(FAMILIES)}")
+    p.add_argument("--out", default="docs/notebooks", help="folder for the notebooks")
+    p.add_argument("--execute", action="store_true", help="run each notebook and keep its outputs in the .ipynb")
+    p.add_argument("--no-ipynb", action="store_true", help="write the percent-format .py files only (no jupytext needed)")
+    p.set_defaults(handler=_run_notebooks)
+
+
+def _run_notebooks(args) -> int:
+    import time
+
+    from functional_gan.lessons import notebooks
+    from functional_gan.lessons.registry import FAMILIES
+
+    unknown = [f for f in args.families if f not in FAMILIES]
+    if unknown:
+        raise UserError(f"unknown lesson famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
+    if args.execute and args.no_ipynb:
+        raise UserError("--execute runs the .ipynb files, which --no-ipynb leaves out")
+    try:
+        written = notebooks.write_notebooks(Path(args.out), args.families or None, ipynb=not args.no_ipynb)
+    except ImportError as error:
+        raise UserError(str(error)) from None
+    for path in written:
+        print(f"wrote {path}", flush=True)
+        if args.execute and path.suffix == ".ipynb":
+            start = time.perf_counter()
+            try:
+                notebooks.execute_notebook(path)  # NotebookFailed (a UserError) names the cell that raised
+            except ImportError as error:
+                raise UserError(str(error)) from None
+            print(f"  executed in {time.perf_counter() - start:.1f} s", flush=True)
+    return 0
+
+
+def _add_docs_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "docs", help="build the documentation site: executed lesson notebooks, the pages, the API reference",
+        description="From the repository's root: stages docs/ with the benchmark results and an API page, writes the lesson "
+        "notebooks and executes each in a fresh kernel, builds the site with MkDocs (strict: a broken link or anchor is "
+        "an error) and checks every internal link and picture of the built pages. Needs the docs extra "
+        "(pip install -e '.[torch,docs]'); Graphviz's dot draws the lessons' graphs where it is installed.",
+        formatter_class=_FORMATTER,
+    )
+    p.add_argument("--out", default="site", help="folder for the built site")
+    p.add_argument("--work", default="build/docs", help="staging folder (docs/ plus generated pages), replaced on each build")
+    p.add_argument("--no-execute", action="store_true", help="show the notebooks without running them (faster; no outputs)")
+    p.set_defaults(handler=_run_docs)
+
+
+def _run_docs(args) -> int:
+    from functional_gan import site
+
+    result = site.build(Path(args.out), Path("."), Path(args.work), execute=not args.no_execute,
+                        progress=lambda line: print(line, flush=True))
+    executed = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in result.notebooks.items()) or "none"
+    print(f"built {result.pages} pages into {result.site} in {result.seconds:.0f} s "
+          f"(notebooks executed: {executed}; {result.links_checked} internal links and pictures checked, none broken)")
+    print(f"open {result.site / 'index.html'}, or serve it: python -m http.server -d {args.out}")
+    return 0
+
+
 def _add_replay_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "replay", help="replay a PyTorch DCGAN (or WGAN-GP) run step by step in JAX (state_dicts + the run's batches)",
@@ -499,8 +571,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         "environment: FUNCTIONAL_GAN_NO_COMPILE_CACHE=1, or JAX_COMPILATION_CACHE_DIR for another folder)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_train_parser, _add_sample_parser, _add_export_parser, _add_linreg_parser, _add_lessons_parser,
-                _add_graph_parser, _add_replay_parser, _add_diverge_parser, _add_check_port_parser, _add_compare_parser,
-                _add_bench_parser):
+                _add_notebooks_parser, _add_graph_parser, _add_replay_parser, _add_diverge_parser, _add_check_port_parser,
+                _add_compare_parser, _add_bench_parser, _add_docs_parser):
         try:
             add(subparsers if command is None else _NamesOnly(subparsers, command))
         except _NamesOnly.Stop:
@@ -532,7 +604,8 @@ def _command_of(argv: list[str]) -> str:
 
 # Commands that compile JAX programs and gain from the persistent compilation cache (``bench`` measures
 # compilation, so it compiles afresh).
-CACHED_COMMANDS = ("train", "sample", "export", "linreg", "lessons", "graph", "replay", "diverge", "check-port", "compare")
+CACHED_COMMANDS = ("train", "sample", "export", "linreg", "lessons", "notebooks", "graph", "replay", "diverge", "check-port",
+                   "compare", "docs")
 
 
 def compile_cache_folder() -> Path:

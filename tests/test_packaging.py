@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The JAX library: the modules that must never import PyTorch or the layers above them: every module
 # of the package's top folder but the command line, which imports everything.
 JAX_LIBRARY = tuple(sorted(p.stem for p in (ROOT / "functional_gan").glob("*.py") if p.stem not in ("__init__", "main")))
-ABOVE = ("functional_gan.pytorch", "functional_gan.lessons", "functional_gan.comparisons", "functional_gan.benchmarks",
+ABOVE = ("functional_gan.pytorch", "functional_gan.lessons", "functional_gan.site", "functional_gan.comparisons", "functional_gan.benchmarks",
          "functional_gan.main")
 
 

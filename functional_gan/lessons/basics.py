@@ -75,6 +75,7 @@ register(
     output was detached gives a gradient of 0.0, not an error.
     """,
     {"PyTorch": torch_detach, "torch.func": torch_func_detach, "JAX": jax_stop_gradient},
+    family="basics",
 )
 
 
@@ -143,6 +144,7 @@ register(
     has the same `argnums`: no tensor needs `requires_grad=True`, and none is changed by the call.
     """,
     {"PyTorch": torch_requires_grad, "torch.func": torch_func_argnums, "JAX": jax_argnums},
+    family="basics",
 )
 
 
@@ -209,6 +211,7 @@ register(
     `functional-gan graph` draws PyTorch's graph and the jaxpr.
     """,
     {"PyTorch": torch_grad_fn, "torch.func": torch_func_make_fx, "JAX": jax_jaxpr},
+    family="basics",
 )
 
 
@@ -278,6 +281,7 @@ register(
     pytorch/functorch#13.
     """,
     {"PyTorch": torch_no_grad, "torch.func": torch_func_no_grad, "JAX": jax_no_differentiation},
+    family="basics",
 )
 
 
@@ -339,6 +343,7 @@ register(
     pullback that can be applied again too, with no `retain_graph`.
     """,
     {"PyTorch": torch_retain_graph, "torch.func": torch_func_vjp_reuse, "JAX": jax_vjp_reuse},
+    family="basics",
 )
 
 

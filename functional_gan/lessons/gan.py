@@ -144,6 +144,7 @@ register(
     no `.grad` is filled anywhere; with respect to both, `detach()` makes G's gradient exactly 0.
     """,
     {"PyTorch": torch_gan_step, "torch.func": torch_func_gan_step, "JAX": jax_gan_step},
+    family="gan_step",
 )
 
 
@@ -199,6 +200,7 @@ register(
     """,
     {"PyTorch": torch_compiled_cost, "JAX": jax_compiled_cost},
     sizes={"small": LESSON_GAN, "full": FULL_SIZE_GAN},
+    family="compiled",
 )
 
 
@@ -304,4 +306,5 @@ register(
     """,
     {"PyTorch": torch_wgan_gp_cost, "JAX": jax_wgan_gp_cost},
     sizes={"small": LESSON_GAN, "full": FULL_SIZE_GAN},
+    family="compiled",
 )

@@ -93,6 +93,7 @@ register(
     expression agrees; the three gradients are equal to float64 rounding.
     """,
     {"PyTorch": torch_straight_through, "torch.func": torch_func_straight_through, "JAX": jax_straight_through},
+    family="idioms",
 )
 
 
@@ -180,6 +181,7 @@ register(
     gradient differs: the cut is doing its work.
     """,
     {"PyTorch": torch_tbptt, "torch.func": torch_func_tbptt, "JAX": jax_tbptt},
+    family="idioms",
 )
 
 
@@ -252,6 +254,7 @@ register(
     updated targets agree to float64 rounding in all three columns.
     """,
     {"PyTorch": torch_target_network, "torch.func": torch_func_target_network, "JAX": jax_target_network},
+    family="idioms",
 )
 
 
@@ -359,6 +362,7 @@ register(
     agree to float64 rounding in all three columns.
     """,
     {"PyTorch": torch_ema_generator, "torch.func": torch_func_ema_generator, "JAX": jax_ema_generator},
+    family="idioms",
 )
 
 
@@ -436,6 +440,7 @@ register(
     equal in all three columns to float64 rounding, and differ without the stop-gradient.
     """,
     {"PyTorch": torch_simsiam, "torch.func": torch_func_simsiam, "JAX": jax_simsiam},
+    family="idioms",
 )
 
 
@@ -509,6 +514,7 @@ register(
     a second time here), and agrees with PyTorch's `F.conv2d` to float64 rounding.
     """,
     {"PyTorch": torch_gradient_penalty, "torch.func": torch_func_gradient_penalty, "JAX": jax_gradient_penalty},
+    family="idioms",
 )
 
 
@@ -603,4 +609,5 @@ register(
     differentiated program's temporaries are larger than the forward's.
     """,
     {"PyTorch": torch_no_grad_memory, "JAX": jax_residual_memory},
+    family="idioms",
 )

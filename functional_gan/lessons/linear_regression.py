@@ -117,6 +117,7 @@ register(
     equals one step on the whole batch.
     """,
     {"PyTorch": torch_accumulation, "torch.func": torch_func_accumulation, "JAX": jax_gradients_are_values},
+    family="linear_regression",
 )
 
 
@@ -221,6 +222,7 @@ register(
     the update a new dict (1.0235, 1.9690 again).
     """,
     {"PyTorch": torch_update_pitfalls, "torch.func": torch_func_new_values, "JAX": jax_new_values},
+    family="linear_regression",
 )
 
 
