@@ -141,3 +141,13 @@ def test_a_notebook_cell_that_raises_stops_the_build_with_the_cell_and_its_error
         execute_notebook(tmp_path / "broken.ipynb")
     message = str(raised.value)
     assert "x / 0" in message and "ZeroDivisionError" in message and "\x1b[" not in message
+
+
+def test_the_committed_ipynb_files_are_built_from_the_committed_text():
+    # What Colab opens is the .ipynb on the repository: it must be the percent-format text, converted by jupytext.
+    from functional_gan.lessons import notebooks
+
+    for family in FAMILIES:
+        folder = ROOT / "docs" / "notebooks"
+        assert (folder / f"{family}.ipynb").read_text() == notebooks.to_ipynb((folder / f"{family}.py").read_text()), (
+            f"docs/notebooks/{family}.ipynb is stale: run `functional-gan notebooks`")
