@@ -203,7 +203,10 @@ def to_ipynb(source: str) -> str:
         import jupytext
     except ImportError as error:
         raise ImportError("building .ipynb files needs the docs extra: pip install -e '.[docs]'") from error
-    return jupytext.writes(jupytext.reads(source, fmt="py:percent"), fmt="ipynb")
+    notebook = jupytext.reads(source, fmt="py:percent")
+    for index, cell in enumerate(notebook.cells):
+        cell["id"] = f"cell-{index}"  # the same ids at every build (nbformat draws random ones), so the file diffs cleanly
+    return jupytext.writes(notebook, fmt="ipynb")
 
 
 def write_notebooks(folder: Path = NOTEBOOK_FOLDER, families=None, ipynb: bool = True) -> list[Path]:
