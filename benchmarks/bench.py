@@ -449,6 +449,173 @@ def layers(ctx: Context, batch: int) -> list[Record]:
     return records
 
 
+def _torch_conv_pass(ctx, transposed, stride, padding, mask):
+    """One pass of PyTorch's convolution backward (the aten call autograd makes), restricted by ``mask``."""
+    import torch
+
+    def run(cot_t, x_t, w_t):
+        torch.ops.aten.convolution_backward(cot_t, x_t, w_t, None, [stride] * 2, [padding] * 2, [1, 1], transposed,
+                                            [0, 0], 1, mask)
+        _torch_sync(ctx.torch_device)
+
+    return run
+
+
+def passes(ctx: Context, batch: int) -> list[Record]:
+    """Each convolution of the step split into its three passes: forward, input gradient, kernel gradient.
+
+    JAX: each pass jitted alone (the unused parts of the VJP are dead code, removed by XLA); PyTorch: the forward
+    under ``no_grad`` and ``aten.convolution_backward`` with one gradient asked for, as autograd calls it.
+    """
+    import torch
+
+    from functional_gan import layers as jax_layers
+
+    rng = np.random.default_rng(0)
+    records = []
+    for name, transposed, cin, cout, size, stride, padding in DCGAN_LAYERS:
+        x = rng.normal(size=(batch, cin, size, size)).astype(np.float32)
+        w = (0.02 * rng.normal(size=(cin, cout, 4, 4) if transposed else (cout, cin, 4, 4))).astype(np.float32)
+        op = jax_layers.conv_transpose2d if transposed else jax_layers.conv2d
+        x_j, w_j = jnp.asarray(x.transpose(0, 2, 3, 1)), jnp.asarray(w)
+        y = jax.eval_shape(lambda a, b: op(a, b, stride, padding), x_j, w_j)
+        cot = jnp.ones(y.shape, y.dtype)
+        jax_passes = {
+            "forward": jax.jit(lambda a, b: op(a, b, stride, padding)),
+            "input gradient": jax.jit(lambda a, b: jax.vjp(lambda a_: op(a_, b, stride, padding), a)[1](cot)[0]),
+            "kernel gradient": jax.jit(lambda a, b: jax.vjp(lambda b_: op(a, b_, stride, padding), b)[1](cot)[0]),
+        }
+        torch_op = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
+        x_t, w_t = torch.tensor(x, device=ctx.torch_device), torch.tensor(w, device=ctx.torch_device)
+        cot_t = torch.ones(tuple(np.asarray(y.shape)[[0, 3, 1, 2]]), device=ctx.torch_device)
+
+        def torch_forward():
+            with torch.no_grad():
+                torch_op(x_t, w_t, stride=stride, padding=padding)
+            _torch_sync(ctx.torch_device)
+
+        torch_passes = {
+            "forward": torch_forward,
+            "input gradient": lambda m=_torch_conv_pass(ctx, transposed, stride, padding, [True, False, False]): m(cot_t, x_t, w_t),
+            "kernel gradient": lambda m=_torch_conv_pass(ctx, transposed, stride, padding, [False, True, False]): m(cot_t, x_t, w_t),
+        }
+        flops = 2.0 * batch * cin * cout * 16 * (size * size if transposed else y.shape[1] * y.shape[2])
+        for which, jitted in jax_passes.items():
+            start = time.perf_counter()
+            compiled = jitted.lower(x_j, w_j).compile()
+            compile_s = time.perf_counter() - start
+            times = interleaved_times({"jax": _blocking(lambda c=compiled: c(x_j, w_j)), "torch": torch_passes[which]}, ctx.repeats)
+            workload = f"pass: {name} · {which}"
+            records.append(ctx.record(workload, "jax_jit", batch, times["jax"], compile_s, flops, _xla_flops(compiled)))
+            records.append(ctx.record(workload, "torch_eager", batch, times["torch"], None, flops))
+    return records
+
+
+# The BatchNorm + activation pairs of the step (name, channels, spatial size, activation): the elementwise and
+# reduction work between the convolutions.
+DCGAN_GLUE = (
+    ("G main.1-2 BatchNorm+ReLU 512@4×4", 512, 4, "relu"),
+    ("G main.4-5 BatchNorm+ReLU 256@8×8", 256, 8, "relu"),
+    ("G main.7-8 BatchNorm+ReLU 128@16×16", 128, 16, "relu"),
+    ("G main.10-11 BatchNorm+ReLU 64@32×32", 64, 32, "relu"),
+    ("D main.3-4 BatchNorm+LeakyReLU 128@16×16", 128, 16, "leaky_relu"),
+    ("D main.6-7 BatchNorm+LeakyReLU 256@8×8", 256, 8, "leaky_relu"),
+    ("D main.9-10 BatchNorm+LeakyReLU 512@4×4", 512, 4, "leaky_relu"),
+)
+
+
+def glue(ctx: Context, batch: int) -> list[Record]:
+    """Training-mode BatchNorm (running statistics updated) + activation, forward and backward (input, weight
+    and bias gradients), at each place of the step: this project's BatchNorm2d jitted against PyTorch's eager
+    ``F.batch_norm``."""
+    import torch
+    import torch.nn.functional as F
+
+    from functional_gan.layers import BatchNorm2d
+
+    rng = np.random.default_rng(0)
+    records = []
+    for name, channels, size, activation in DCGAN_GLUE:
+        x = rng.normal(size=(batch, channels, size, size)).astype(np.float32)
+        module = BatchNorm2d(channels)
+        x_j = jnp.asarray(x.transpose(0, 2, 3, 1))
+        variables = module.init(jax.random.key(0), x_j)
+        act = (lambda v: jax.nn.relu(v)) if activation == "relu" else (lambda v: jax.nn.leaky_relu(v, 0.2))
+
+        def forward(params, x_, stats=variables["batch_stats"], act=act, module=module):
+            y, updates = module.apply({"params": params, "batch_stats": stats}, x_, mutable=["batch_stats"])
+            return act(y), updates
+
+        def fwd_bwd(params, x_, forward=forward):
+            out, pullback, updates = jax.vjp(forward, params, x_, has_aux=True)
+            return pullback(jnp.ones_like(out)), updates
+
+        start = time.perf_counter()
+        compiled = jax.jit(fwd_bwd).lower(variables["params"], x_j).compile()
+        compile_s = time.perf_counter() - start
+        x_t = torch.tensor(x, requires_grad=True, device=ctx.torch_device)
+        w_t = torch.tensor(np.asarray(variables["params"]["weight"]), requires_grad=True, device=ctx.torch_device)
+        b_t = torch.zeros(channels, requires_grad=True, device=ctx.torch_device)
+        running_mean, running_var = torch.zeros(channels, device=ctx.torch_device), torch.ones(channels, device=ctx.torch_device)
+        torch_act = F.relu if activation == "relu" else (lambda v: F.leaky_relu(v, 0.2))
+
+        def torch_fwd_bwd():
+            y = torch_act(F.batch_norm(x_t, running_mean, running_var, w_t, b_t, training=True, momentum=0.1, eps=1e-5))
+            torch.autograd.grad(y, (x_t, w_t, b_t), torch.ones_like(y))
+            _torch_sync(ctx.torch_device)
+
+        params = variables["params"]
+        times = interleaved_times({"jax": _blocking(lambda c=compiled, p=params, a=x_j: c(p, a)), "torch": torch_fwd_bwd},
+                                  ctx.repeats)
+        workload = f"glue: {name}"
+        records.append(ctx.record(workload, "jax_jit", batch, times["jax"], compile_s,
+                                  note="forward + input, weight and bias gradients; running statistics updated"))
+        records.append(ctx.record(workload, "torch_eager", batch, times["torch"]))
+    return records
+
+
+def startup(ctx: Context, repeats: int = 3) -> list[Record]:
+    """Start-up of the command line, as a user meets it: wall time of whole processes.
+
+    ``functional-gan --help`` (it imports no JAX); ``sample`` of a 64×64 run's checkpoint (the tutorial's
+    widths) with an empty compilation cache (cold: every program compiled) and then with the cache it filled
+    (warm: programs loaded, as a second ``sample`` or ``train`` with the same shapes does). The run is one
+    training iteration on random images, made first in a temporary folder.
+    """
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    cli = [sys.executable, "-m", "functional_gan.main"]
+    records = []
+    with tempfile.TemporaryDirectory(prefix="functional-gan-startup-") as tmp:
+        env = {k: v for k, v in os.environ.items() if k not in ("FUNCTIONAL_GAN_NO_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+        env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
+        run_folder = Path(tmp) / "run"
+
+        def timed(args) -> float:
+            start = time.perf_counter()
+            done = subprocess.run(cli + args, env=env, capture_output=True, text=True)
+            seconds = time.perf_counter() - start
+            if done.returncode != 0:
+                raise RuntimeError(f"functional-gan {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+            return seconds
+
+        timed(["train", "--data", "fake", "--steps", "1", "--batch-size", "16", "--out", str(run_folder)])
+        help_times = [timed(["--help"]) for _ in range(repeats)]
+        records.append(ctx.record("startup: functional-gan --help", "cli", 0, help_times, note="no JAX imported"))
+        shutil.rmtree(Path(tmp) / "cache", ignore_errors=True)
+        sample = ["sample", "--checkpoint", str(run_folder), "--out", str(Path(tmp) / "grid.png")]
+        cold = [timed(sample)]
+        warm = [timed(sample) for _ in range(repeats)]
+        records.append(ctx.record("startup: sample 64 images, cold cache", "cli", 64, cold,
+                                  note="64×64 run, ngf = ndf = 64; every program compiled"))
+        records.append(ctx.record("startup: sample 64 images, warm cache", "cli", 64, warm,
+                                  note="the same command again: programs loaded from the persistent compilation cache"))
+    return records
+
+
 # --- reporting ---------------------------------------------------------------------------------------
 
 
@@ -481,7 +648,7 @@ def format_table(records: list[Record], markdown: bool = False) -> str:
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
-        notes = [f"- {r.workload} {r.framework}: {r.note}" for r in records if r.note and not r.workload.startswith("layer")]
+        notes = [f"- {r.workload} {r.framework}: {r.note}" for r in records if r.note and section(r) == "main"]
         return "\n".join(lines + ([""] + sorted(set(notes)) if notes else []))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     fmt = "  ".join("{:<%d}" % w if i < 3 else "{:>%d}" % w for i, w in enumerate(widths))
@@ -527,9 +694,22 @@ def save_scaling_plot(records: list[Record], path: Path) -> Path:
     return path
 
 
+# The tables after the main one: the prefix of their workloads' names, and their headings.
+SECTIONS = {
+    "layer": "Per layer: forward + backward (input and kernel gradients)",
+    "pass": "Per pass: each convolution's forward, input gradient and kernel gradient alone",
+    "glue": "BatchNorm + activation between the convolutions: forward + backward",
+    "startup": "Start-up of the command line: whole processes, wall time",
+}
+
+
+def section(record: Record) -> str:
+    prefix = record.workload.split(":", 1)[0]
+    return prefix if prefix in SECTIONS else "main"
+
+
 def to_markdown(ctx: Context, records: list[Record], plot: Path | None, command: str) -> str:
-    main = [r for r in records if not r.workload.startswith("layer")]
-    per_layer = [r for r in records if r.workload.startswith("layer")]
+    main = [r for r in records if section(r) == "main"]
     parts = [
         "# functional_gan benchmark\n",
         f"`{command}`\n",
@@ -537,8 +717,12 @@ def to_markdown(ctx: Context, records: list[Record], plot: Path | None, command:
         "## Results\n",
         format_table(main, markdown=True) + "\n",
     ]
-    if per_layer:
-        parts += ["## Per layer: forward + backward (input and kernel gradients)\n", format_table(per_layer, markdown=True) + "\n"]
+    for name, heading in SECTIONS.items():
+        rows = [r for r in records if section(r) == name]
+        if rows:
+            batch = f" (batch {rows[0].batch})" if name != "startup" else ""
+            notes = sorted({f"- {r.workload}: {r.note}" for r in rows if r.note and name == "startup"})
+            parts += [f"## {heading}{batch}\n", format_table(rows, markdown=True) + "\n" + "".join(n + "\n" for n in notes)]
     if plot:
         parts.append(f"## Scaling\n\n![step time against batch]({plot.name})\n")
     parts.append("## Method\n\n" + " ".join(__doc__.split("\n\n")[2:]).replace("\n", " ") + "\n")
@@ -560,7 +744,8 @@ def add_arguments(p) -> None:
     p.add_argument("--tf32", action="store_true",
                    help="GPUs: let both frameworks run float32 matmuls and convolutions with TF32 inputs (default: full "
                    "float32 on both; no effect on CPUs)")
-    p.add_argument("--no-layers", action="store_true", help="leave the per-layer timings out")
+    p.add_argument("--no-startup", action="store_true", help="leave out the command line's start-up (--help, sample cold and warm)")
+    p.add_argument("--no-layers", action="store_true", help="leave the per-layer, per-pass and BatchNorm timings out")
     p.add_argument("--json", metavar="FILE", help="write one record per workload × framework × batch")
     p.add_argument("--markdown", metavar="FILE", help="write the tables, the method and the machine as Markdown")
     p.add_argument("--plot", metavar="FILE", help="scaling plot (PNG; default: beside --markdown or --json)")
@@ -592,6 +777,10 @@ def run(args) -> int:
     jobs.append(("linear regression", lambda: linear_regression(ctx)))
     if not args.no_layers:
         jobs.append(("per-layer timings, batch 64", lambda: layers(ctx, 64)))
+        jobs.append(("per-pass timings, batch 64", lambda: passes(ctx, 64)))
+        jobs.append(("BatchNorm + activation, batch 64", lambda: glue(ctx, 64)))
+    if not args.no_startup:
+        jobs.append(("start-up of the command line", lambda: startup(ctx)))
     jobs.append(("matmul peak, again", lambda: matmul_peak(ctx, "end")))
     records: list[Record] = []
     with tqdm(jobs, desc="bench", unit="workload") as bar:
@@ -599,11 +788,12 @@ def run(args) -> int:
             bar.set_postfix_str(label)
             records += job()
     ctx.set_fractions_of_peak(records)
-    print(format_table([r for r in records if not r.workload.startswith("layer")]))
-    per_layer = [r for r in records if r.workload.startswith("layer")]
-    if per_layer:
-        print("\nPer layer, forward + backward:")
-        print(format_table(per_layer))
+    print(format_table([r for r in records if section(r) == "main"]))
+    for name, heading in SECTIONS.items():
+        rows = [r for r in records if section(r) == name]
+        if rows:
+            print(f"\n{heading}:")
+            print(format_table(rows))
     plot = None
     if len({r.batch for r in records if r.workload == "dcgan_step"}) > 1:
         target = args.plot or (str(Path(args.markdown or args.json).with_name("scaling.png")) if (args.markdown or args.json) else None)
@@ -626,7 +816,7 @@ def run(args) -> int:
 
 def _argv_of(args) -> list[str]:
     out = []
-    for flag in ("quick", "no_torch_compile", "no_layers", "tf32"):
+    for flag in ("quick", "no_torch_compile", "no_layers", "no_startup", "tf32"):
         if getattr(args, flag):
             out.append("--" + flag.replace("_", "-"))
     for flag in ("batch_sizes", "scaling", "repeats", "json", "markdown", "plot"):

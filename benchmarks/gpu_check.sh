@@ -33,11 +33,11 @@ step() {  # step NAME SECONDS COMMAND...
 }
 if [ "${DRY_RUN:-0}" = 1 ]; then  # a 2-core CPU: the same steps, tiny sizes, the tests given more time
     test_limit=900
-    bench=(--batch-sizes 8 --scaling --repeats 1 --no-torch-compile --no-layers)
+    bench=(--batch-sizes 8 --scaling --repeats 1 --no-torch-compile --no-layers --no-startup)
     diverge_batch=2; train=(--steps 4 --batch-size 8 --image-size 32 --ngf 8 --ndf 8)
 else
     test_limit=180
-    bench=(--batch-sizes 64 128 --scaling --repeats 5)
+    bench=(--batch-sizes 64 128 --scaling --repeats 5 --no-startup)  # start-up is measured on the CPU machine
     diverge_batch=64; train=(--steps 300 --batch-size 128 --image-size 64)
 fi
 $PY -c "import jax; print('devices:', jax.devices())" | tee -a "$log"

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from functional_gan.benchmarks import bench
 from functional_gan.main import main
 
@@ -42,3 +44,31 @@ def test_linear_regression_workload_writes_records(tmp_path):
     fields = set(json.loads(path.read_text())[0])
     assert fields >= {"workload", "framework", "backend", "device", "batch", "median_s", "min_s", "max_s", "compile_s",
                       "flops", "flops_per_s", "fraction_of_peak", "peak_memory_bytes", "versions"}
+
+
+def test_per_pass_and_batchnorm_workloads_time_both_frameworks_and_get_their_own_tables():
+    ctx = bench.Context(repeats=1, with_torch_compile=False)
+    records = bench.passes(ctx, 2) + bench.glue(ctx, 2)
+    names = {(r.workload, r.framework) for r in records}
+    for name, *_ in bench.DCGAN_LAYERS:
+        for which in ("forward", "input gradient", "kernel gradient"):
+            assert {(f"pass: {name} · {which}", "jax_jit"), (f"pass: {name} · {which}", "torch_eager")} <= names
+    for name, *_ in bench.DCGAN_GLUE:
+        assert {(f"glue: {name}", "jax_jit"), (f"glue: {name}", "torch_eager")} <= names
+    assert all(r.median_s > 0 for r in records)
+    markdown = bench.to_markdown(ctx, records, None, "functional-gan bench")
+    assert "## Per pass: each convolution's forward, input gradient and kernel gradient alone (batch 2)" in markdown
+    assert "## BatchNorm + activation between the convolutions: forward + backward (batch 2)" in markdown
+    assert "## Results" in markdown and "pass: " not in markdown.split("## Per pass")[0]
+
+
+@pytest.mark.slow  # about 35 s: a training run and four whole processes
+def test_startup_runs_the_command_line_as_whole_processes_cold_then_warm():
+    ctx = bench.Context(repeats=1, with_torch_compile=False)
+    records = bench.startup(ctx, repeats=1)
+    assert [r.workload for r in records] == ["startup: functional-gan --help", "startup: sample 64 images, cold cache",
+                                              "startup: sample 64 images, warm cache"]
+    assert all(r.framework == "cli" and r.repeats == 1 and r.median_s > 0 for r in records)
+    markdown = bench.to_markdown(ctx, records, None, "functional-gan bench")
+    assert "## Start-up of the command line: whole processes, wall time\n" in markdown
+    assert "programs loaded from the persistent compilation cache" in markdown
