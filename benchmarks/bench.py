@@ -414,21 +414,27 @@ DCGAN_LAYERS = (  # (name, transposed, in, out, input size, stride, padding): th
 )
 
 
+def _conv_case(rng, batch, transposed, cin, cout, size, stride, padding):
+    """One convolution of the step at ``batch``: NCHW input and PyTorch-layout kernel (NumPy), this project's op,
+    the JAX arrays (NHWC), the output's shape and an all-ones output cotangent."""
+    from functional_gan import layers as jax_layers
+
+    x = rng.normal(size=(batch, cin, size, size)).astype(np.float32)
+    w = (0.02 * rng.normal(size=(cin, cout, 4, 4) if transposed else (cout, cin, 4, 4))).astype(np.float32)
+    op = jax_layers.conv_transpose2d if transposed else jax_layers.conv2d
+    x_j, w_j = jnp.asarray(x.transpose(0, 2, 3, 1)), jnp.asarray(w)
+    y = jax.eval_shape(lambda a, b: op(a, b, stride, padding), x_j, w_j)
+    return x, w, op, x_j, w_j, y, jnp.ones(y.shape, y.dtype)
+
+
 def layers(ctx: Context, batch: int) -> list[Record]:
     """Forward + backward (input and kernel gradients) of each convolution of the step, JAX vs PyTorch."""
     import torch
 
-    from functional_gan import layers as jax_layers
-
     rng = np.random.default_rng(0)
     records = []
     for name, transposed, cin, cout, size, stride, padding in DCGAN_LAYERS:
-        x = rng.normal(size=(batch, cin, size, size)).astype(np.float32)
-        w = (0.02 * rng.normal(size=(cin, cout, 4, 4) if transposed else (cout, cin, 4, 4))).astype(np.float32)
-        op = jax_layers.conv_transpose2d if transposed else jax_layers.conv2d
-        x_j, w_j = jnp.asarray(x.transpose(0, 2, 3, 1)), jnp.asarray(w)
-        y = jax.eval_shape(lambda a, b: op(a, b, stride, padding), x_j, w_j)
-        cot = jnp.ones(y.shape, y.dtype)
+        x, w, op, x_j, w_j, y, cot = _conv_case(rng, batch, transposed, cin, cout, size, stride, padding)
         start = time.perf_counter()
         fwd_bwd = jax.jit(lambda a, b: jax.vjp(lambda a_, b_: op(a_, b_, stride, padding), a, b)[1](cot)).lower(x_j, w_j).compile()
         compile_s = time.perf_counter() - start
@@ -469,17 +475,10 @@ def passes(ctx: Context, batch: int) -> list[Record]:
     """
     import torch
 
-    from functional_gan import layers as jax_layers
-
     rng = np.random.default_rng(0)
     records = []
     for name, transposed, cin, cout, size, stride, padding in DCGAN_LAYERS:
-        x = rng.normal(size=(batch, cin, size, size)).astype(np.float32)
-        w = (0.02 * rng.normal(size=(cin, cout, 4, 4) if transposed else (cout, cin, 4, 4))).astype(np.float32)
-        op = jax_layers.conv_transpose2d if transposed else jax_layers.conv2d
-        x_j, w_j = jnp.asarray(x.transpose(0, 2, 3, 1)), jnp.asarray(w)
-        y = jax.eval_shape(lambda a, b: op(a, b, stride, padding), x_j, w_j)
-        cot = jnp.ones(y.shape, y.dtype)
+        x, w, op, x_j, w_j, y, cot = _conv_case(rng, batch, transposed, cin, cout, size, stride, padding)
         jax_passes = {
             "forward": jax.jit(lambda a, b: op(a, b, stride, padding)),
             "input gradient": jax.jit(lambda a, b: jax.vjp(lambda a_: op(a_, b, stride, padding), a)[1](cot)[0]),
