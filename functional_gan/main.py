@@ -340,8 +340,6 @@ def _add_notebooks_parser(subparsers) -> None:
 
 
 def _run_notebooks(args) -> int:
-    import time
-
     from functional_gan.lessons import notebooks
     from functional_gan.lessons.registry import FAMILIES
 
@@ -356,13 +354,11 @@ def _run_notebooks(args) -> int:
         raise UserError(str(error)) from None
     for path in written:
         print(f"wrote {path}", flush=True)
-        if args.execute and path.suffix == ".ipynb":
-            start = time.perf_counter()
-            try:
-                notebooks.execute_notebook(path)  # NotebookFailed (a UserError) names the cell that raised
-            except ImportError as error:
-                raise UserError(str(error)) from None
-            print(f"  executed in {time.perf_counter() - start:.1f} s", flush=True)
+    if args.execute:
+        try:
+            notebooks.execute_notebooks(written, progress=lambda line: print(line, flush=True))
+        except ImportError as error:
+            raise UserError(str(error)) from None
     return 0
 
 

@@ -18,28 +18,25 @@ import shutil
 import subprocess
 import tempfile
 import textwrap
+import time
 import types
 from pathlib import Path
 
 from functional_gan.errors import UserError
 
 from .registry import FAMILIES, LESSONS, Lesson, lessons_of
-from .render import format_value
+from .render import format_sides, format_value
 
 NOTEBOOK_FOLDER = Path("docs/notebooks")
-DEFAULT_REPOSITORY = "https://github.com/functional-gan/functional_gan"
 
 
 def repository_url() -> str:
     """The project's repository, as ``pyproject.toml``'s ``[project.urls]`` names it."""
-    try:
-        for entry in importlib.metadata.metadata("functional-gan").get_all("Project-URL") or []:
-            label, _, url = entry.partition(",")
-            if label.strip().lower() == "repository":
-                return url.strip().rstrip("/")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    return DEFAULT_REPOSITORY
+    for entry in importlib.metadata.metadata("functional-gan").get_all("Project-URL") or []:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() == "repository":
+            return url.strip().rstrip("/")
+    raise LookupError("the installed functional-gan names no Repository in [project.urls]")
 
 
 def colab_url(family: str, branch: str = "main") -> str:
@@ -75,11 +72,7 @@ class SideBySide:
         return "".join(parts) + "</div>"
 
     def __repr__(self) -> str:
-        lines = []
-        for side, values in self.values.items():
-            lines.append(f"{side}:")
-            lines.extend(f"  {label}: {format_value(v)}" for label, v in values.items())
-        return "\n".join(lines)
+        return "\n".join(format_sides(self.values))
 
 
 def show(title: str, values: dict[str, dict]) -> SideBySide:
@@ -87,7 +80,7 @@ def show(title: str, values: dict[str, dict]) -> SideBySide:
     return SideBySide(title, values)
 
 
-def render_graph(source: str, name: str = "graph") -> bytes | None:
+def render_graph(source: str) -> bytes | None:
     """A DOT source as PNG bytes, through Graphviz's ``dot``; None where Graphviz is not installed."""
     dot = shutil.which("dot")
     if dot is None:
@@ -102,13 +95,14 @@ def show_graphs(which: str) -> None:
     from .pictures import GRAPH_SETS
 
     graphs = GRAPH_SETS[which]()
-    if shutil.which("dot") is None:
-        display(Markdown(f"Graphviz's `dot` is not installed, so the {len(graphs)} pictures are not drawn here "
-                         "(apt-get install graphviz, or `functional-gan graph` writes the DOT files)."))
-        return
     for name, source in graphs.items():
+        png = render_graph(source)
+        if png is None:
+            display(Markdown(f"Graphviz's `dot` is not installed, so the {len(graphs)} pictures are not drawn here "
+                             "(apt-get install graphviz, or `functional-gan graph` writes the DOT files)."))
+            return
         display(Markdown(f"**{name}**"))
-        display(Image(data=render_graph(source, name), format="png"))
+        display(Image(data=png, format="png"))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -255,5 +249,19 @@ def execute_notebook(path: Path, out: Path | None = None, timeout: int = 900) ->
     return out
 
 
+def execute_notebooks(paths, progress=print) -> dict[str, float]:
+    """Execute each ``.ipynb`` of ``paths`` in place (others are passed over); seconds per notebook, by stem."""
+    timings = {}
+    for path in (Path(p) for p in paths):
+        if path.suffix != ".ipynb":
+            continue
+        start = time.perf_counter()
+        progress(f"executing {path} ...")
+        execute_notebook(path)  # NotebookFailed (a UserError) names the cell that raised
+        timings[path.stem] = time.perf_counter() - start
+        progress(f"  executed in {timings[path.stem]:.1f} s")
+    return timings
+
+
 __all__ = ["LESSONS", "FAMILIES", "NotebookFailed", "SideBySide", "show", "show_graphs", "render_graph", "notebook_source", "to_ipynb",
-           "write_notebooks", "execute_notebook", "imports_for", "colab_url", "repository_url"]
+           "write_notebooks", "execute_notebook", "execute_notebooks", "imports_for", "colab_url", "repository_url"]

@@ -17,11 +17,17 @@ def format_value(value) -> str:
     return str(value)
 
 
+def format_sides(values: dict[str, dict], indent: str = "") -> list[str]:
+    """Each side's name, then its labelled values one per line, indented under it."""
+    lines = []
+    for side, side_values in values.items():
+        lines.append(f"{indent}{side}:")
+        lines.extend(f"{indent}  {key}: {format_value(v)}" for key, v in side_values.items())
+    return lines
+
+
 def format_result(result: LessonResult) -> str:
-    lines = [f"== {result.name}: {result.title} =="]
-    for side, values in result.values.items():
-        lines.append(f"  {side}:")
-        lines.extend(f"    {key}: {format_value(v)}" for key, v in values.items())
+    lines = [f"== {result.name}: {result.title} ==", *format_sides(result.values, "  ")]
     lines.append("  Why: " + textwrap.fill(result.why, 96, subsequent_indent="       "))
     return "\n".join(lines)
 

@@ -70,18 +70,8 @@ def stage(root: Path, work: Path, execute: bool = True, families=None, progress=
         if path.is_file() and path.suffix in (".md", ".png", ".json"):
             shutil.copy2(path, results / path.name)
     (work / "api.md").write_text(api_page())
-    timings = {}
-    for path in notebooks.write_notebooks(work / "notebooks", families):
-        if path.suffix != ".ipynb":
-            path.unlink()  # the percent-format text is the repository's copy; the site shows the notebook
-            continue
-        if execute:
-            start = time.perf_counter()
-            progress(f"executing {path.name} ...")
-            notebooks.execute_notebook(path)  # NotebookFailed (a UserError) names the cell that raised
-            timings[path.stem] = time.perf_counter() - start
-            progress(f"  {path.name}: {timings[path.stem]:.1f} s")
-    return timings
+    written = notebooks.write_notebooks(work / "notebooks", families)  # the .py files: left out by mkdocs.yml
+    return notebooks.execute_notebooks(written, progress) if execute else {}
 
 
 class _Links(html.parser.HTMLParser):
@@ -163,7 +153,10 @@ def build(out: Path, root: Path = Path("."), work: Path | None = None, execute: 
         logger.addHandler(handler)
         logger.setLevel(logging.WARNING)
     try:
-        config = mkdocs.config.load_config(str(config_file), docs_dir=str(work), site_dir=str(out), strict=True)
+        from functional_gan.lessons.notebooks import repository_url
+
+        config = mkdocs.config.load_config(str(config_file), docs_dir=str(work), site_dir=str(out), strict=True,
+                                           repo_url=repository_url())  # pyproject.toml's, the one place it is written
         config.plugins.on_startup(command="build", dirty=False)
         try:
             mkdocs.commands.build.build(config)
