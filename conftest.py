@@ -1,4 +1,5 @@
 """Run from the repository root: the environment every test process starts with."""
+import functional_gan  # noqa: F401  first: the JAX build's guard (functional_gan.xla_guard) runs before any test imports JAX
 import os
 import tempfile
 

@@ -99,15 +99,18 @@ def run_suite(out_dir: str | Path, groups=GROUPS, quality_spec: quality.QualityS
             out / "losses_float32.png", "float32: PyTorch and JAX loss curves", drift.curves["torch"], drift.curves["jax"])))
     if "noise-floor" in groups:
         progress(f"Noise floor at the tutorial's widths: PyTorch on {NOISE_FLOOR.steps} float64 steps, 4 batch orders, "
-                 "and the JAX replay (a few minutes on 2 CPU cores) ...")
+                 "channels_last, BatchNorm as plain sums, and the JAX replay (a few minutes on 2 CPU cores) ...")
         full = add(checks.check_noise_floor(NOISE_FLOOR, "float64"))
         drift = add(checks.check_noise_floor(TEACHER_FORCING, "float32"))
-        figures.append(("The noise floor: JAX − PyTorch next to PyTorch − PyTorch (the batches in another order, or channels_last), "
+        figures.append(("The noise floor: JAX − PyTorch next to PyTorch − PyTorch (the batches in another order, channels_last, or "
+                        "BatchNorm's statistics as plain sums), "
                         "per step, max over the five metrics (log scale)", _plot_curves(
             out / "noise_floor.png", "JAX−PyTorch and PyTorch−PyTorch (same mathematics, another summation order)", {
                 "float64 full widths: JAX − PyTorch": np.maximum(full.curves["jax_per_step"], 1e-18),
                 "float64 full widths: PyTorch − PyTorch (batch permuted)": np.maximum(full.curves["torch_per_step"], 1e-18),
                 "float64 full widths: PyTorch − PyTorch (channels_last)": np.maximum(full.curves["channels_last_per_step"], 1e-18),
+                "float64 full widths: PyTorch − PyTorch (BatchNorm as plain sums)":
+                    np.maximum(full.curves["summed_batchnorm_per_step"], 1e-18),
                 "float32 free-running: JAX − PyTorch": np.maximum(drift.curves["jax_per_step"], 1e-18),
                 "float32 free-running: PyTorch − PyTorch (batch permuted)": np.maximum(drift.curves["torch_per_step"], 1e-18),
             }, "difference", log=True)))

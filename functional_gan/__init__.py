@@ -19,6 +19,12 @@ Nothing here imports PyTorch; :mod:`functional_gan.pytorch`, :mod:`functional_ga
 :mod:`functional_gan.comparisons` and :mod:`functional_gan.benchmarks` do, and need the torch extra.
 """
 
+# Before anything of the package touches JAX: on a jaxlib known to miscompile (0.10.2 on the CPU), XLA's workaround
+# flag goes into XLA_FLAGS (see functional_gan.xla_guard); every process the project starts imports this first.
+from functional_gan import xla_guard as _xla_guard
+
+_xla_guard.guard()
+
 # Imported on first use (PEP 562), so that ``import functional_gan`` and the command line's ``--help`` do not
 # load JAX; ``from functional_gan import gan_step`` works as before.
 _WHERE = {
