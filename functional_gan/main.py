@@ -463,20 +463,28 @@ def _run_diverge(args) -> int:
 
 def _add_check_port_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "check-port", help="check a JAX (Flax) port of any PyTorch model: where it first leaves PyTorch",
-        description="Loads SPEC.py (torch_model(), jax_model(), example_inputs(); optionally example_targets(), "
-        "to_jax/from_jax, param_map, torch_loss/jax_loss, torch_optimizer/jax_optimizer, TRAIN), moves the PyTorch "
-        "weights into the Flax model and compares, in debugging order, each layer's output, the output, the loss, "
-        "every gradient, every parameter after one optimizer step and every buffer, for --steps steps (each from "
-        "PyTorch's state). PyTorch in float64 is the reference; in float32 a quantity passes when the port is within "
-        "k times PyTorch float32's own error. Exit status 0: agreement; 1: a divergence (named); 2: a spec it cannot "
-        "use. Needs the torch extra. Examples: examples/port/.",
+        "check-port", help="check a JAX port (Flax Linen or NNX, Equinox, plain functions) of any PyTorch model: "
+        "where it first leaves PyTorch",
+        description="Loads SPEC.py: torch_model(), example_inputs(), and the port: jax_model() returning a Flax Linen "
+        "module, a Flax NNX module or an Equinox module (PER_SAMPLE = True for one that acts on one sample), or "
+        "jax_params() with jax_apply(params, *inputs); optionally example_targets(), to_jax/from_jax, param_map, "
+        "torch_loss/jax_loss, torch_optimizer/jax_optimizer, TRAIN. Moves the PyTorch weights into the port and "
+        "compares, in debugging order, each layer's output, the output, the loss, every gradient, every parameter "
+        "after one optimizer step and every buffer, for --steps steps (each from PyTorch's state). The port runs "
+        "compiled with jax.jit (as training runs it; judged) and op by op; a difference in one of them alone is "
+        "named as a JAX/XLA matter. PyTorch in float64 is the reference; in float32 a quantity passes when the port "
+        "is within k times PyTorch float32's own error. Exit status 0: agreement; 1: a divergence (named: a value "
+        "out of tolerance, or a shape that differs); 2: a spec it cannot use (a missing function, a weight that "
+        "cannot be paired, a param_map that is not a dict, a port that computes in another dtype than --dtype). "
+        "Needs the torch extra (and equinox for Equinox ports). Examples: examples/port/.",
         formatter_class=_FORMATTER,
     )
-    p.add_argument("spec", metavar="SPEC.py", help="the spec file")
+    p.add_argument("spec", metavar="SPEC.py", help="the spec file (its folder is importable from it)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision of the port under test")
     p.add_argument("--steps", type=int, default=1, help="optimizer steps compared, each from PyTorch's state")
     p.add_argument("--k", type=float, default=3.0, help="float32: the port may be this many times PyTorch's own error")
+    p.add_argument("--program", choices=("both", "jit", "eager"), default="both",
+                   help="the JAX program checked: compiled with jax.jit and op by op (judged: the compiled one), or one")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
     p.set_defaults(handler=_run_check_port)
@@ -486,7 +494,8 @@ def _run_check_port(args) -> int:
     port = torch_side("functional_gan.comparisons.port", "check-port")
     if not args.k > 0:
         raise UserError(f"--k must be positive, got {args.k}")
-    report = port.check_port(port.load_spec(args.spec), args.dtype, args.steps, args.k)
+    programs = port.PROGRAMS if args.program == "both" else (args.program,)
+    report = port.check_port(port.load_spec(args.spec), args.dtype, args.steps, args.k, programs=programs)
     print(report.format())
     for flag, text in ((args.json, lambda: json.dumps(report.to_json(), indent=1, default=float) + "\n"),
                        (args.markdown, lambda: report.format(markdown=True))):

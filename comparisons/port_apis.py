@@ -1,0 +1,464 @@
+"""The JAX side of ``check-port``, one adapter per API: Flax Linen, Flax NNX, Equinox and plain functions.
+
+The core (:mod:`.port`) sees every port the same way, as Linen does: a dict of variables
+``{"params": {...}, "batch_stats": {...}}`` nested by module path in definition order, and a pure
+function ``apply(variables, inputs, capture) -> (output, new batch_stats, {module path: output})`` it
+can differentiate, jit and run op by op. Each adapter turns its API's model into that form and back:
+
+* **Flax Linen**: ``model.init`` / ``model.apply``; per-layer outputs from ``capture_intermediates``.
+* **Flax NNX**: ``nnx.split`` into ``nnx.Param`` and ``nnx.BatchStat`` state, ``nnx.merge`` back inside
+  the function; per-layer outputs from ``nnx.capture(..., method_outputs=nnx.Intermediate)``; the
+  order of definition is the order the attributes were set in ``__init__``.
+* **Equinox**: the model's inexact arrays (PyTorch's layouts, but a convolution's bias is ``(out, 1, 1)``
+  and a transposed convolution's kernel is ``(out, in, *k)``, flipped), the running statistics of
+  an ``eqx.nn.State``; a model that acts on one sample (``PER_SAMPLE = True``) is vmapped over the
+  batch with the axis name ``BATCH_AXIS`` (``"batch"``), as ``eqx.nn.BatchNorm`` expects; per-layer
+  outputs by recording each module's ``__call__``.
+* **plain functions**: ``jax_params()`` (a pytree: dicts in insertion order, lists, tuples) and
+  ``jax_apply(params, *inputs)`` (or ``jax_state()`` and ``jax_apply(params, state, *inputs) ->
+  (output, state)``); per-layer outputs where the function calls :func:`tap`.
+
+Each adapter knows its API's default layout for the inputs (Linen and NNX channels-last, Equinox and
+functions channels-first like PyTorch) and how its standard layers hold PyTorch's tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from functional_gan.errors import UserError
+
+_TAPS: list[dict] = []  # the recorders of the captures under way (innermost last)
+
+
+def tap(name: str, value):
+    """Record ``value`` as the output of the port's layer ``name`` (its path, ``"a/b"``) while check-port captures
+    per-layer outputs; returns ``value`` unchanged, so a plain function can say ``x = tap("fc1", x @ w + b)``."""
+    if _TAPS:
+        _TAPS[-1].setdefault(tuple(str(name).split("/")), value)
+    return value
+
+
+@contextlib.contextmanager
+def _taps(record: dict):
+    _TAPS.append(record)
+    try:
+        yield record
+    finally:
+        _TAPS.pop()
+
+
+def _key_name(key) -> str:
+    for attribute in ("key", "name", "idx"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def _nested(flat: dict[tuple[str, ...], Any]) -> dict:
+    """{(a, b, leaf): x} → {a: {b: {leaf: x}}}, in the order given."""
+    tree: dict = {}
+    for path, value in flat.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return tree
+
+
+def _flat(tree, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    out = {}
+    for key, value in dict(tree).items():
+        if isinstance(value, dict) or (hasattr(value, "items") and not hasattr(value, "shape")):
+            out.update(_flat(value, (*prefix, str(key))))
+        else:
+            out[(*prefix, str(key))] = value
+    return out
+
+
+def _intermediates(tree, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Linen's and NNX's captured intermediates ({..., "__call__": (output,)}) as {module path: output}."""
+    out = {}
+    for name, value in dict(tree).items():
+        if name == "__call__":
+            out[prefix] = value[0]
+        elif isinstance(value, dict) or hasattr(value, "items"):
+            out.update(_intermediates(value, (*prefix, str(name))))
+    return out
+
+
+def _definition_order(node, prefix: tuple[str, ...] = (), seen: set | None = None) -> list[tuple[str, ...]]:
+    """Every path below ``node`` in the order its attributes, fields, keys and items were defined."""
+    seen = set() if seen is None else seen
+    if id(node) in seen or isinstance(node, (str, bytes, int, float, bool, type(None))) or hasattr(node, "shape"):
+        return [prefix]
+    seen.add(id(node))
+    if isinstance(node, dict):
+        items = list(node.items())
+    elif isinstance(node, (list, tuple)):
+        items = list(enumerate(node))
+    elif dataclasses.is_dataclass(node):
+        items = [(f.name, getattr(node, f.name, None)) for f in dataclasses.fields(node)]
+    elif hasattr(node, "__dict__"):
+        items = [(k, v) for k, v in vars(node).items() if not k.startswith("_")]
+    else:
+        return [prefix]
+    paths = [prefix]
+    for key, value in items:
+        paths.extend(_definition_order(value, (*prefix, str(key)), seen))
+    return paths
+
+
+def _in_definition_order(flat: dict[tuple[str, ...], Any], root) -> dict[tuple[str, ...], Any]:
+    order = {path: i for i, path in enumerate(_definition_order(root))}
+    return dict(sorted(flat.items(), key=lambda item: order.get(item[0], len(order))))
+
+
+def _modules_by_path(root, is_module: Callable[[Any], bool]) -> dict[tuple[str, ...], Any]:
+    """{path: module} of every module below ``root`` (the root at ()), each module once, at its first path."""
+    found: dict[tuple[str, ...], Any] = {}
+    seen: set[int] = set()
+
+    def walk(node, prefix):
+        if id(node) in seen:
+            return
+        if is_module(node):
+            seen.add(id(node))
+            found[prefix] = node
+        if isinstance(node, dict):
+            items = node.items()
+        elif isinstance(node, (list, tuple)):
+            items = enumerate(node)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            items = [(f.name, getattr(node, f.name, None)) for f in dataclasses.fields(node)]
+        elif hasattr(node, "__dict__") and is_module(node):
+            items = [(k, v) for k, v in vars(node).items() if not k.startswith("_")]
+        else:
+            return
+        for key, value in items:
+            if not hasattr(value, "shape"):
+                walk(value, (*prefix, str(key)))
+
+    walk(root, ())
+    return found
+
+
+def _current_trace():
+    """JAX's innermost transformation now (a private attribute; None where this JAX has none by that name)."""
+    try:
+        from jax._src import core
+
+        return core.trace_ctx.trace
+    except (ImportError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict):
+    """While active, the first output of each module's ``__call__`` is recorded by its path (outermost call only).
+
+    A module the port calls inside a transformation of its own (``jax.vmap(self.conv)(x)``) is not recorded: its
+    output lives in that transformation and cannot leave it; the report lists the layers without a row."""
+    paths = {id(m): path for path, m in modules.items()}
+    active: set[int] = set()
+    patched = []
+    level = _current_trace()
+    for cls in {type(m) for m in modules.values()}:
+        original = cls.__call__
+        had_own = "__call__" in cls.__dict__
+
+        def wrapper(self, *args, __original=original, **kwargs):
+            path = paths.get(id(self))
+            if path is None or id(self) in active:
+                return __original(self, *args, **kwargs)
+            active.add(id(self))
+            try:
+                out = __original(self, *args, **kwargs)
+            finally:
+                active.discard(id(self))
+            first = out[0] if isinstance(out, tuple) and out else out
+            if hasattr(first, "shape") and _current_trace() is level:
+                record.setdefault(path, first)
+            return out
+
+        try:
+            type.__setattr__(cls, "__call__", wrapper)
+        except (TypeError, AttributeError):
+            continue
+        patched.append((cls, had_own, original))
+    try:
+        yield record
+    finally:
+        for cls, had_own, original in patched:
+            if had_own:
+                type.__setattr__(cls, "__call__", original)
+            else:
+                type.__delattr__(cls, "__call__")
+
+
+@dataclasses.dataclass
+class Adapter:
+    """A port seen by the core: its variables (canonical), ``apply`` and what the transfer must know."""
+
+    api: str  # "Flax Linen", "Flax NNX", "Equinox", "plain function"
+    layout: str  # "flax": Flax's kernel names and layouts; "torch": PyTorch's (Equinox, plain functions)
+    channels_last: bool  # the API's usual layout for images (the default to_jax / from_jax)
+    variables: dict  # {"params": {...}, "batch_stats": {...}}, nested by module path in definition order
+    apply: Callable  # (variables, inputs, capture) -> (output, new batch_stats or {}, {module path: output})
+    kinds: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)  # module path → its class, for layouts
+    paths: dict[tuple[str, ...], tuple] = dataclasses.field(default_factory=dict)  # canonical path → the API's own
+
+
+def _is_linen(model) -> bool:
+    linen = sys.modules.get("flax.linen")
+    return linen is not None and isinstance(model, linen.Module)
+
+
+def _is_nnx(model) -> bool:
+    nnx = sys.modules.get("flax.nnx")
+    return nnx is not None and isinstance(model, nnx.Module)
+
+
+def _is_equinox(model) -> bool:
+    eqx = sys.modules.get("equinox")
+    if eqx is None:
+        return False
+    if isinstance(model, tuple) and len(model) == 2:
+        return isinstance(model[0], eqx.Module) and isinstance(model[1], eqx.nn.State)
+    return isinstance(model, eqx.Module)
+
+
+def adapter_for(spec, make_inputs: Callable[[bool], tuple], seed: int) -> Adapter:
+    """The adapter for the spec's port (its ``jax_model()``'s type, or ``jax_params``/``jax_apply``).
+
+    ``make_inputs(channels_last)``: the example inputs on the JAX side, in the API's usual layout (Linen's
+    ``init`` needs them)."""
+    if spec.jax_model is None:
+        return _function_adapter(spec)
+    try:
+        model = spec.jax_model()
+    except Exception as error:
+        raise UserError(f"the spec's jax_model() failed: {type(error).__name__}: {error}") from error
+    if _is_linen(model):
+        return _linen_adapter(spec, model, make_inputs(True), seed)
+    if _is_nnx(model):
+        return _nnx_adapter(spec, model)
+    if _is_equinox(model):
+        return _equinox_adapter(spec, model)
+    raise UserError(f"jax_model() returned {type(model).__module__}.{type(model).__qualname__}; check-port takes a "
+                    "Flax Linen module, a Flax NNX module, an Equinox module (or (module, state) from "
+                    "eqx.nn.make_with_state), or no jax_model() and jax_params() with jax_apply(params, *inputs)")
+
+
+# --- Flax Linen ---------------------------------------------------------------------------------------
+
+
+def _linen_adapter(spec, model, inputs, seed) -> Adapter:
+    try:
+        variables = model.init(jax.random.key(seed), *inputs)
+    except Exception as error:
+        raise UserError(f"jax_model().init on the example inputs failed: {type(error).__name__}: {error}") from error
+    variables = {c: dict(v) for c, v in variables.items()}
+    canonical = {c: variables.get(c, {}) for c in ("params", "batch_stats")}
+    others = {c: v for c, v in variables.items() if c not in ("params", "batch_stats", "intermediates")}
+
+    def apply(tree, inputs, capture):
+        full = {**others, **{c: v for c, v in tree.items() if v}}
+        mutable = [c for c in full if c != "params"] + ["intermediates"]
+        if spec.jax_apply is not None:
+            output, state = spec.jax_apply(model, full, *inputs, capture_intermediates=capture)
+        else:
+            output, state = model.apply(full, *inputs, capture_intermediates=capture, mutable=mutable)
+        layers = _intermediates(state.get("intermediates", {})) if capture else {}
+        return output, dict(state.get("batch_stats", {})), layers
+
+    return Adapter("Flax Linen", "flax", True, canonical, apply)
+
+
+# --- Flax NNX -----------------------------------------------------------------------------------------
+
+
+def _nnx_adapter(spec, model) -> Adapter:
+    from flax import nnx
+
+    model.train() if spec.train else model.eval()
+    graphdef, state = nnx.split(model)
+    flat = {tuple(map(str, path)): (path, variable) for path, variable in nnx.to_flat_state(state)}
+    flat = _in_definition_order(flat, model)
+    collections = {}
+    for key, (_, variable) in flat.items():
+        kind = "params" if isinstance(variable, nnx.Param) else "batch_stats" if isinstance(variable, nnx.BatchStat) else None
+        if kind is not None and hasattr(variable.get_value(), "shape"):
+            collections.setdefault(kind, {})[key] = variable.get_value()
+    canonical = {c: _nested(collections.get(c, {})) for c in ("params", "batch_stats")}
+    modules = _modules_by_path(model, lambda m: isinstance(m, nnx.Module))
+    kinds = {path: type(m).__name__ for path, m in modules.items()}
+
+    def apply(tree, inputs, capture):
+        values = {**_flat(tree.get("params", {})), **_flat(tree.get("batch_stats", {}))}
+        leaves = [(path, variable.replace(values[key]) if key in values else variable) for key, (path, variable) in flat.items()]
+        net = nnx.merge(graphdef, nnx.from_flat_state(leaves))
+        if capture:
+            output, captured = nnx.capture(net, nnx.Intermediate, method_outputs=nnx.Intermediate)(*inputs)
+            layers = _intermediates(captured.to_pure_dict())
+            layers.pop((), None)
+        else:
+            output, layers = net(*inputs), {}
+        stats = {tuple(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(net, nnx.BatchStat))}
+        return output, _nested(stats), layers
+
+    return Adapter("Flax NNX", "flax", True, canonical, apply, kinds)
+
+
+# --- Equinox ------------------------------------------------------------------------------------------
+
+
+def _equinox_state_leaves(modules: dict, state) -> dict[tuple[str, ...], tuple]:
+    """{(module path..., name): (StateIndex, position)} of the float arrays an ``eqx.nn.State`` keeps per module.
+
+    A StateIndex holding (mean, variance), as BatchNorm's does, is named ``running_mean``/``running_var``
+    (PyTorch's names); a dict keeps its keys; a single array takes the field's name."""
+    import equinox as eqx
+
+    found = {}
+    for path, module in modules.items():
+        if not dataclasses.is_dataclass(module):
+            continue
+        for field in dataclasses.fields(module):
+            index = getattr(module, field.name, None)
+            if not isinstance(index, eqx.nn.StateIndex):
+                continue
+            value = state.get(index)
+            if isinstance(value, dict):
+                names = {k: k for k in value}
+            elif isinstance(value, (tuple, list)):
+                floats = [i for i, v in enumerate(value) if np.issubdtype(np.asarray(v).dtype, np.floating)]
+                names = dict(zip(floats, ("running_mean", "running_var"))) if len(floats) == 2 else \
+                    {i: f"{field.name}_{i}" for i in floats}
+            else:
+                names = {None: field.name} if np.issubdtype(np.asarray(value).dtype, np.floating) else {}
+            for position, name in names.items():
+                found[(*path, name)] = (index, position)
+    return found
+
+
+def _equinox_adapter(spec, made) -> Adapter:
+    import equinox as eqx
+
+    model, state = made if isinstance(made, tuple) else (made, None)
+    model = eqx.nn.inference_mode(model, value=not spec.train)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(model, is_leaf=lambda x: isinstance(x, eqx.nn.StateIndex))
+    arrays = {tuple(_key_name(k) for k in path): (i, leaf) for i, (path, leaf) in enumerate(leaves)
+              if eqx.is_inexact_array(leaf)}
+    arrays = _in_definition_order(arrays, model)
+    modules = _modules_by_path(model, lambda m: isinstance(m, eqx.Module))
+    stateful = _equinox_state_leaves(modules, _clone(state)) if state is not None else {}
+    canonical = {"params": _nested({path: leaf for path, (_, leaf) in arrays.items()}),
+                 "batch_stats": _nested({path: _state_value(_clone(state), *where) for path, where in stateful.items()})}
+    kinds = {path: f"eqx.{type(m).__name__}" for path, m in modules.items()}
+    template = [leaf for _, leaf in leaves]
+
+    def apply(tree, inputs, capture):
+        values = _flat(tree.get("params", {}))
+        filled = list(template)
+        for path, (i, _) in arrays.items():
+            filled[i] = values[path]
+        net = jax.tree_util.tree_unflatten(treedef, filled)
+        current = None
+        if state is not None:  # a State is used once: each call starts from a copy, in the parameters' precision
+            dtype = next((v.dtype for v in values.values()), None)
+            current = jax.tree_util.tree_map(
+                lambda a: a.astype(dtype) if dtype is not None and np.issubdtype(a.dtype, np.floating) else a, _clone(state))
+        for path, value in _flat(tree.get("batch_stats", {})).items():
+            current = _set_state_value(current, *stateful[path], value)
+        record: dict = {}
+        nets = _modules_by_path(net, lambda m: isinstance(m, eqx.Module)) if capture else {}
+        nets.pop((), None)
+
+        def call(*xs):
+            with _recording_calls(nets, record), _taps(record):
+                result = net(*xs, current) if current is not None else net(*xs)
+            out, new_state = result if current is not None else (result, None)
+            return out, new_state, dict(record)
+
+        if spec.per_sample:
+            n = len(inputs)
+            out, new_state, layers = jax.vmap(call, in_axes=(0,) * n, out_axes=(0, None, 0), axis_name=spec.batch_axis)(*inputs)
+        else:
+            out, new_state, layers = call(*inputs)
+        stats = {path: _state_value(new_state, *where) for path, where in stateful.items()} if new_state is not None else {}
+        return out, _nested(stats), layers
+
+    return Adapter("Equinox", "torch", False, canonical, apply, kinds)
+
+
+def _clone(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _state_value(state, index, position):
+    value = state.get(index)
+    return value if position is None else value[position]
+
+
+def _set_state_value(state, index, position, new):
+    if position is None:
+        return state.set(index, new)
+    value = state.get(index)
+    if isinstance(value, dict):
+        return state.set(index, {**value, position: new})
+    items = list(value)
+    items[position] = new
+    return state.set(index, type(value)(items))
+
+
+# --- plain functions ----------------------------------------------------------------------------------
+
+
+def _function_adapter(spec) -> Adapter:
+    try:
+        params = spec.jax_params()
+        state = spec.jax_state() if spec.jax_state is not None else None
+    except Exception as error:
+        raise UserError(f"the spec's jax_params()/jax_state() failed: {type(error).__name__}: {error}") from error
+    trees = {"params": params, "batch_stats": state}
+    structure = {}
+    canonical = {}
+    for collection, tree in trees.items():
+        if tree is None:
+            canonical[collection] = {}
+            continue
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        flat = {tuple(_key_name(k) for k in path): (i, leaf) for i, (path, leaf) in enumerate(leaves)
+                if hasattr(leaf, "shape") and np.issubdtype(np.asarray(leaf).dtype, np.inexact)}
+        flat = _in_definition_order(flat, tree)
+        structure[collection] = (treedef, [leaf for _, leaf in leaves], flat)
+        canonical[collection] = _nested({path: leaf for path, (_, leaf) in flat.items()})
+
+    def rebuild(collection, tree):
+        treedef, template, flat = structure[collection]
+        values, filled = _flat(tree), list(template)
+        for path, (i, _) in flat.items():
+            filled[i] = values[path]
+        return jax.tree_util.tree_unflatten(treedef, filled)
+
+    def apply(tree, inputs, capture):
+        record: dict = {}
+        with _taps(record) if capture else contextlib.nullcontext():
+            if state is None:
+                output, stats = spec.jax_apply(rebuild("params", tree["params"]), *inputs), {}
+            else:
+                output, new_state = spec.jax_apply(rebuild("params", tree["params"]),
+                                                   rebuild("batch_stats", tree["batch_stats"]), *inputs)
+                leaves = {tuple(_key_name(k) for k in p): v for p, v in jax.tree_util.tree_flatten_with_path(new_state)[0]}
+                stats = _nested({path: leaves[path] for path in structure["batch_stats"][2]})
+        return output, stats, dict(record)
+
+    return Adapter("plain function", "torch", False, canonical, apply)
