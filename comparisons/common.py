@@ -144,20 +144,26 @@ def state_from_snapshot(config, snapshot: dict, dtype=None):
 class TeacherForced(NamedTuple):
     """How far one teacher-forced JAX step lands from PyTorch's (see :func:`teacher_forced_step`)."""
 
-    metric_rel: float  # max relative difference of the five metrics
+    metric_rel: float  # max relative difference of Loss_D, D(x), D(G(z)) before D's update (PyTorch's parameters)
     param_abs: float  # max |Δ| of any parameter after the step
     generator_stats_rel: float  # max relative difference of G's running statistics (floor 1e-3)
     discriminator_stats_scaled: float  # max |Δ| of D's running statistics over the largest |value| of the tensor
+    g_step_metric_rel: float = 0.0  # max relative difference of Loss_G and D(G(z)) after D's update (through JAX's D)
 
 
 # Tolerances of one teacher-forced float32 step, and why:
-# - metrics and G's running statistics come from PyTorch's own parameters: float32 rounding, 1e-5 relative;
+# - Loss_D, D(x), D(G(z)) before D's update and G's running statistics come from PyTorch's own parameters:
+#   float32 rounding, 1e-5 relative;
 # - parameters: Adam's update is lr · m̂ / (√v̂ + eps); where a gradient is ~0, a rounding-level difference
 #   flips the sign of m̂ / √v̂ (≈ ±1 at the first step), so an update can differ by up to 2·lr;
 # - D's running statistics: the G step's pass runs through the *updated* D, whose parameters may differ by
 #   up to that 2·lr, so its batch statistics move accordingly: 1e-3 of the tensor's scale (measured: up to
-#   5.7e-5 on a 2-core AMD EPYC, where an element-wise 1e-5 relative bound failed at 2.4e-4).
-TEACHER_FORCING_TOLERANCE = {"metric_rel": 1e-5, "generator_stats_rel": 1e-5, "discriminator_stats_scaled": 1e-3}
+#   5.7e-5 on a 2-core AMD EPYC, where an element-wise 1e-5 relative bound failed at 2.4e-4);
+# - Loss_G and D(G(z)) after D's update go through that updated D too: 1e-3 relative, as D's statistics (measured
+#   with jax 0.10.2 and the miscompile's workaround: at step 43 of 50 these two differed by 1.1e-5 and 7.8e-6 while
+#   the three metrics through PyTorch's parameters agreed within 1.2e-7, and D's updated parameters by 3.6e-5).
+TEACHER_FORCING_TOLERANCE = {"metric_rel": 1e-5, "generator_stats_rel": 1e-5, "discriminator_stats_scaled": 1e-3,
+                             "g_step_metric_rel": 1e-3}
 
 
 def teacher_forcing_verdict(rows: list[TeacherForced], lr: float) -> tuple[bool, str, str]:
@@ -165,10 +171,11 @@ def teacher_forcing_verdict(rows: list[TeacherForced], lr: float) -> tuple[bool,
     worst = TeacherForced(*(max(column) for column in zip(*rows)))
     bounds = {**TEACHER_FORCING_TOLERANCE, "param_abs": 2 * lr}
     passed = all(getattr(worst, name) <= bound for name, bound in bounds.items())
-    tolerance = (f"metrics rel ≤ 1e-5; params |Δ| ≤ 2·lr = {2 * lr:g}; G's running stats rel ≤ 1e-5; "
-                 "D's running stats |Δ| ≤ 1e-3 × the tensor's scale")
+    tolerance = (f"Loss_D, D(x), D(G(z))₁ rel ≤ 1e-5; params |Δ| ≤ 2·lr = {2 * lr:g}; G's running stats rel ≤ 1e-5; "
+                 "D's running stats |Δ| ≤ 1e-3 × the tensor's scale; Loss_G, D(G(z))₂ (through the updated D) rel ≤ 1e-3")
     detail = (f"worst: metrics rel {worst.metric_rel:.2e}, params {worst.param_abs:.2e}, G's running stats rel "
-              f"{worst.generator_stats_rel:.2e}, D's running stats {worst.discriminator_stats_scaled:.2e} of scale")
+              f"{worst.generator_stats_rel:.2e}, D's running stats {worst.discriminator_stats_scaled:.2e} of scale, "
+              f"Loss_G and D(G(z))₂ rel {worst.g_step_metric_rel:.2e}")
     return passed, tolerance, detail
 
 
@@ -185,7 +192,9 @@ def teacher_forced_step(config, step_fn, snapshot, next_snapshot, real_NCHW, noi
     )
     ours = np.array(jax.device_get(metrics), np.float64)
     theirs = np.asarray(torch_metrics, np.float64)
-    metric_rel = float(np.max(np.abs(ours - theirs) / np.maximum(np.abs(theirs), 1e-12)))
+    relative = np.abs(ours - theirs) / np.maximum(np.abs(theirs), 1e-12)
+    through_updated_d = np.array([name in ("loss_g", "d_g_z2") for name in METRIC_NAMES])
+    metric_rel, g_step_metric_rel = float(np.max(relative[~through_updated_d])), float(np.max(relative[through_updated_d]))
     param_abs, stats = 0.0, {"generator": 0.0, "discriminator": 0.0}
     for name, params, batch_stats in (
         ("generator", new_state.generator_params, new_state.generator_batch_stats),
@@ -202,4 +211,4 @@ def teacher_forced_step(config, step_fn, snapshot, next_snapshot, real_NCHW, noi
                 stats[name] = max(stats[name], float(np.max(diff / np.maximum(np.abs(value), 1e-3))))
             else:
                 stats[name] = max(stats[name], float(np.max(diff) / max(float(np.max(np.abs(value))), 1e-12)))
-    return TeacherForced(metric_rel, param_abs, stats["generator"], stats["discriminator"])
+    return TeacherForced(metric_rel, param_abs, stats["generator"], stats["discriminator"], g_step_metric_rel)

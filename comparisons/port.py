@@ -862,6 +862,23 @@ def _torch_steps(run: _Run) -> tuple[dict, dict]:
     return seen, params_state
 
 
+def _run_program(run: _Run, function, program: str, before: dict, opt_state, first: bool) -> dict:
+    """One step of the port by ``function``; on the first call, a port that raises is a spec the checker cannot use."""
+    try:
+        return jax.device_get(function(before, run.jax_inputs, run.jax_targets, opt_state))
+    except Exception as error:
+        if not first:
+            raise
+        hints = []
+        if run.adapter.api == "Equinox" and not run.spec.per_sample:
+            hints.append("an Equinox model that acts on one sample needs PER_SAMPLE = True")
+        if run.adapter.channels_last and run.spec.to_jax is None and any(np.ndim(x) >= 3 for x in run.inputs):
+            hints.append("its inputs of 3 or more dimensions were moved channels-last; to_jax says otherwise")
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise SpecError(f"the port's step ({_program_words((program,))}) failed on the example inputs: "
+                        f"{type(error).__name__}: {message}" + (f" ({'; '.join(hints)})" if hints else "")) from error
+
+
 def _float64_twin(run: _Run, functions: dict, program: str, opt_states: dict, optimizer) -> dict:
     """The step of ``program`` in float64 from the same start (PyTorch64's parameters and buffers, the optimizer state
     its float32 run has), for JAX's own float32 error. Its optimizer state is not kept."""
@@ -903,19 +920,20 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         for step in range(1, steps + 1):
             before = variables_from_torch(run.sides["ref"][0], run.pairings, run.adapter.variables,
                                           jnp.float64 if dtype == "float64" else jnp.float32)
-            twin = _float64_twin(run, functions, noise_program, opt_states, optimizer) if noise_program else None
+            opt_before = dict(opt_states)
             seen, params_state = _torch_steps(run)
             outcomes = {}
             for program in order:
                 if program not in opt_states:
                     opt_states[program] = optimizer.init(before["params"]) if optimizer is not None else None
-                outcomes[program] = jax.device_get(functions[program](before, run.jax_inputs, run.jax_targets,
-                                                                      opt_states[program]))
+                outcomes[program] = _run_program(run, functions[program], program, before, opt_states[program],
+                                                 first=step == 1 and program == order[0])
                 if step == 1 and program == order[0]:
                     _check_dtypes(outcomes[program], dtype, run)
                     uncaptured = [n or "(model)" for n in seen["ref"]["layers"]
                                   if run.layer_paths[n] not in outcomes[program]["layers"]]
                 opt_states[program] = outcomes[program].get("opt_state")
+            twin = _float64_twin(run, functions, noise_program, opt_before, optimizer) if noise_program else None
             jax_noisy = [(outcomes[noise_program], twin)] if twin is not None else []
             for program in programs:
                 fed = None

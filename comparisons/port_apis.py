@@ -103,9 +103,9 @@ def _definition_order(node, prefix: tuple[str, ...] = (), seen: set | None = Non
         items = list(node.items())
     elif isinstance(node, (list, tuple)):
         items = list(enumerate(node))
-    elif dataclasses.is_dataclass(node):
-        items = [(f.name, getattr(node, f.name, None)) for f in dataclasses.fields(node)]
-    elif hasattr(node, "__dict__"):
+    elif _fields(node):  # an Equinox module: its fields' order
+        items = [(f.name, getattr(node, f.name, None)) for f in _fields(node)]
+    elif hasattr(node, "__dict__"):  # an NNX module (nnx.List too): the order its attributes were set in
         items = [(k, v) for k, v in vars(node).items() if not k.startswith("_")]
     else:
         return [prefix]
@@ -113,6 +113,13 @@ def _definition_order(node, prefix: tuple[str, ...] = (), seen: set | None = Non
     for key, value in items:
         paths.extend(_definition_order(value, (*prefix, str(key)), seen))
     return paths
+
+
+def _fields(node) -> tuple:
+    """A dataclass instance's fields (an Equinox module's), or () (NNX's List is a dataclass without any)."""
+    if isinstance(node, type) or not dataclasses.is_dataclass(node):
+        return ()
+    return dataclasses.fields(node)
 
 
 def _in_definition_order(flat: dict[tuple[str, ...], Any], root) -> dict[tuple[str, ...], Any]:
@@ -135,8 +142,8 @@ def _modules_by_path(root, is_module: Callable[[Any], bool]) -> dict[tuple[str, 
             items = node.items()
         elif isinstance(node, (list, tuple)):
             items = enumerate(node)
-        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
-            items = [(f.name, getattr(node, f.name, None)) for f in dataclasses.fields(node)]
+        elif _fields(node):
+            items = [(f.name, getattr(node, f.name, None)) for f in _fields(node)]
         elif hasattr(node, "__dict__") and is_module(node):
             items = [(k, v) for k, v in vars(node).items() if not k.startswith("_")]
         else:
@@ -306,7 +313,7 @@ def _nnx_adapter(spec, model) -> Adapter:
         net = nnx.merge(graphdef, nnx.from_flat_state(leaves))
         if capture:
             output, captured = nnx.capture(net, nnx.Intermediate, method_outputs=nnx.Intermediate)(*inputs)
-            layers = _intermediates(captured.to_pure_dict())
+            layers = _intermediates(nnx.to_pure_dict(captured))
             layers.pop((), None)
         else:
             output, layers = net(*inputs), {}

@@ -347,6 +347,10 @@ def _cli(tmp_path, body: str, *flags) -> tuple[int, str, str, object]:
     ("def jax_model(): return fnn.Dense(10, dtype=jnp.float32)\n",
      "the port computes in float32, not float64 as asked: fc gives float32"),
     ("def jax_model(): return object()\n", "jax_model() returned builtins.object; check-port takes a Flax Linen module"),
+    ("import equinox as eqx, jax\nclass E(eqx.Module):\n    fc: eqx.nn.Linear\n"
+     "    def __init__(self):\n        self.fc = eqx.nn.Linear(5, 10, key=jax.random.key(0))\n"
+     "    def __call__(self, x):\n        return self.fc(x)\ndef jax_model(): return E()\n",
+     "failed on the example inputs: TypeError: dot_general requires contracting dimensions to have the same shape"),
     ("class Two(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
      "        self.fc = torch.nn.Linear(5, 10)\n        self.head = torch.nn.Linear(10, 2)\n"
      "    def forward(self, x):\n        return self.head(self.fc(x))\n"
@@ -408,3 +412,36 @@ def test_assert_port_returns_the_report_or_raises_with_the_first_divergence():
     with pytest.raises(port.SpecError, match="param_map is a function"):
         port.assert_port(torch_model=_Scale, jax_model=_TracedDiffers, example_inputs=lambda: (np.ones((2, 3)),),
                          param_map=lambda: {})
+
+
+# --- torchvision's resnet18 and an NNX port -----------------------------------------------------------------
+
+
+# resnet18's step compiles for about 10 s: float64 runs in the default suite, float32 and the planted mistakes are slow.
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow), "float64"])
+def test_torchvisions_resnet18_agrees_with_its_nnx_port_layer_by_layer(dtype):
+    report = port.check_port(port.spec_from_module(_example("resnet18_nnx")), dtype, programs=("jit",))
+    assert report.passed, report.format()
+    assert len(report.pairings) == 20 + 20 * 4 + 2  # 20 convolutions, 20 BatchNorms (weight, bias, running statistics), fc
+    assert report.layers == 41 and not report.uncaptured  # every paired layer has a row
+    assert {r.name for r in report.rows if r.stage == "buffer"} >= {"bn1.running_mean", "layer4.1.bn2.running_var"}
+    if dtype == "float64":
+        assert max(r.port_error for r in report.rows) < 1e-10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", _example("resnet18_nnx").MISTAKES)
+def test_a_planted_mistake_in_the_resnet18_port_is_named_where_it_shows(mistake):
+    module = _example("resnet18_nnx")
+    module.MISTAKE = mistake
+    first = port.check_port(port.spec_from_module(module), "float32", programs=("jit",)).first_divergence
+    assert first is not None and (first.stage, first.name) == module.MISTAKES[mistake]
+
+
+@pytest.mark.slow
+def test_the_example_test_file_fails_a_planted_mistake_with_its_message():
+    """examples/port/test_mnist_ports.py, the documented way to keep a port under test, run as pytest would."""
+    spec = importlib.util.spec_from_file_location("test_mnist_ports", EXAMPLES / "test_mnist_ports.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.test_a_port_that_flattens_channels_last_fails_at_fc1()

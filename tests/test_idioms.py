@@ -93,4 +93,7 @@ def test_no_grad_keeps_nothing_and_jax_keeps_residuals_only_when_differentiating
     # jax.vjp keeps at least those activations; jax.checkpoint keeps only the layers' inputs.
     assert jax_side["MB a jax.vjp pullback keeps"] >= (2 * layers - 1) * activation_mb
     assert jax_side["MB it keeps with jax.checkpoint on each layer"] == pytest.approx((layers - 1) * activation_mb)
-    assert jax_side["MB of temporaries, compiled jax.grad"] > jax_side["MB of temporaries, compiled forward only"]
+    # Compiled, XLA reuses buffers: the gradient program's temporaries are far below the pullback's residuals, and
+    # at least the forward's (equal on jax 0.10.2 with the miscompile's workaround, whose final sum takes a buffer).
+    assert jax_side["MB of temporaries, compiled jax.grad"] >= jax_side["MB of temporaries, compiled forward only"]
+    assert jax_side["MB of temporaries, compiled jax.grad"] <= jax_side["MB a jax.vjp pullback keeps"] / 4
