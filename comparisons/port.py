@@ -879,19 +879,17 @@ def _run_program(run: _Run, function, program: str, before: dict, opt_state, fir
                         f"{type(error).__name__}: {message}" + (f" ({'; '.join(hints)})" if hints else "")) from error
 
 
-def _float64_twin(run: _Run, functions: dict, program: str, opt_states: dict, optimizer) -> dict:
-    """The step of ``program`` in float64 from the same start (PyTorch64's parameters and buffers, the optimizer state
-    its float32 run has), for JAX's own float32 error. Its optimizer state is not kept."""
+def _float64_twin(run: _Run, function, before: dict, opt_state, optimizer) -> dict:
+    """A program's step in float64 from the same start (PyTorch64's parameters and buffers ``before``, the optimizer
+    state its float32 run had), for JAX's own float32 error. Its optimizer state is not kept."""
     with jax.enable_x64(True):
         def wide(tree):
             return jax.tree_util.tree_map(
                 lambda a: jnp.asarray(a, jnp.float64) if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
 
-        before = variables_from_torch(run.sides["ref"][0], run.pairings, run.adapter.variables, jnp.float64)
-        opt_state = opt_states.get(program)
         if optimizer is not None and opt_state is None:
             opt_state = optimizer.init(before["params"])
-        return jax.device_get(functions[program](before, wide(run.jax_inputs), wide(run.jax_targets), wide(opt_state)))
+        return jax.device_get(function(before, wide(run.jax_inputs), wide(run.jax_targets), wide(opt_state)))
 
 
 def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
@@ -921,6 +919,9 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
             before = variables_from_torch(run.sides["ref"][0], run.pairings, run.adapter.variables,
                                           jnp.float64 if dtype == "float64" else jnp.float32)
             opt_before = dict(opt_states)
+            if noise_program:  # the float64 twin starts from the same state (taken before PyTorch's step changes it)
+                with jax.enable_x64(True):
+                    before64 = variables_from_torch(run.sides["ref"][0], run.pairings, run.adapter.variables, jnp.float64)
             seen, params_state = _torch_steps(run)
             outcomes = {}
             for program in order:
@@ -933,7 +934,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     uncaptured = [n or "(model)" for n in seen["ref"]["layers"]
                                   if run.layer_paths[n] not in outcomes[program]["layers"]]
                 opt_states[program] = outcomes[program].get("opt_state")
-            twin = _float64_twin(run, functions, noise_program, opt_before, optimizer) if noise_program else None
+            twin = _float64_twin(run, functions[noise_program], before64, opt_before.get(noise_program), optimizer) \
+                if noise_program else None
             jax_noisy = [(outcomes[noise_program], twin)] if twin is not None else []
             for program in programs:
                 fed = None

@@ -89,3 +89,27 @@ def free_port() -> int:
 def run_grids(run: Path) -> dict[str, bytes]:
     """A run folder's fixed-noise grids, by file name: two runs that trained alike drew the same bytes."""
     return {p.name: p.read_bytes() for p in sorted((run / "samples").glob("iter_*.png"))}
+
+
+def one_torch_layer(make_layer):
+    """check-port's layout tests: a PyTorch model of the one layer ``make_layer()`` builds (seed 0), its parameters
+    moved off their initial values (a norm's scale off 1 and bias off 0), so that a wrong layout cannot pass."""
+    import torch
+
+    class One(torch.nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            return self.layer(x)
+
+    def torch_model():
+        torch.manual_seed(0)
+        layer = make_layer()
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.add_(torch.randn_like(p) * 0.5)
+        return One(layer)
+
+    return torch_model

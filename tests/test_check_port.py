@@ -17,6 +17,7 @@ import torch
 
 from functional_gan.comparisons import port
 from functional_gan.main import main
+from tests.helpers import one_torch_layer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "port"
 NAMES = ("mnist_cnn", "resnet_basic", "nanogpt_block")
@@ -76,15 +77,6 @@ def test_buffers_are_compared_when_the_model_has_running_statistics():
     assert "bn1.running_mean" in buffers and "layer2.downsample.1.running_var" in buffers
 
 
-class _One(torch.nn.Module):
-    def __init__(self, layer):
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, x):
-        return self.layer(x)
-
-
 class _FlaxOne(fnn.Module):
     make: object
 
@@ -114,14 +106,7 @@ LAYERS = {  # PyTorch layer, its Flax counterpart written as a port author would
 def test_the_weight_transfer_knows_each_layout(kind):
     make_torch, make_flax, shape = LAYERS[kind]
 
-    def torch_model():
-        torch.manual_seed(0)
-        layer = make_torch()
-        with torch.no_grad():  # non-trivial scale and bias for the norms
-            for p in layer.parameters():
-                p.add_(torch.randn_like(p) * 0.5)
-        return _One(layer)
-
+    torch_model = one_torch_layer(make_torch)
     spec = port.Spec(torch_model, lambda: _FlaxOne(make_flax),
                      lambda: (np.random.default_rng(0).normal(size=shape).astype(np.float32),))
     report = port.check_port(spec, "float64")
@@ -129,7 +114,7 @@ def test_the_weight_transfer_knows_each_layout(kind):
 
 
 def test_embedding_is_transferred():
-    spec = port.Spec(lambda: _One(torch.nn.Embedding(10, 4)), lambda: _FlaxOne(lambda: fnn.Embed(10, 4)),
+    spec = port.Spec(one_torch_layer(lambda: torch.nn.Embedding(10, 4)), lambda: _FlaxOne(lambda: fnn.Embed(10, 4)),
                      lambda: (np.array([[1, 5, 9], [0, 2, 2]]),), to_jax=lambda x: (x,), from_jax=np.asarray)
     report = port.check_port(spec, "float64")
     assert report.passed, report.format()

@@ -24,6 +24,7 @@ from flax import nnx
 from functional_gan.comparisons import port
 from functional_gan.comparisons.port_apis import tap
 from functional_gan.main import main
+from tests.helpers import one_torch_layer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "port"
 PORTS = {"mnist_cnn_nnx": "Flax NNX", "mnist_cnn_equinox": "Equinox"}
@@ -65,15 +66,6 @@ def test_a_planted_mistake_in_an_nnx_or_equinox_port_is_named_where_it_shows(nam
 
 
 # --- each API's layouts ----------------------------------------------------------------------------------
-
-
-class _One(torch.nn.Module):
-    def __init__(self, layer):
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, x):
-        return self.layer(x)
 
 
 class _NNXOne(nnx.Module):
@@ -120,14 +112,7 @@ LAYERS = {  # PyTorch layer, its port as an author would write it, PyTorch's inp
 def test_the_weight_transfer_knows_each_apis_layouts(kind):
     make_torch, make_port, shape = LAYERS[kind]
 
-    def torch_model():
-        torch.manual_seed(0)
-        layer = make_torch()
-        with torch.no_grad():  # non-trivial scale and bias for the norms
-            for p in layer.parameters():
-                p.add_(torch.randn_like(p) * 0.5)
-        return _One(layer)
-
+    torch_model = one_torch_layer(make_torch)
     spec = port.Spec(torch_model, make_port, lambda: (np.random.default_rng(0).normal(size=shape).astype(np.float32),),
                      per_sample=kind.startswith("eqx"))
     report = port.check_port(spec, "float64", programs=("jit",))
@@ -138,14 +123,14 @@ def test_embeddings_move_into_nnx_and_equinox():
     indices = np.array([1, 5, 9, 0, 2])
     for make_port, per_sample in ((lambda: _NNXOne(lambda r: nnx.Embed(10, 4, param_dtype=jnp.float64, rngs=r)), False),
                                   (lambda: _EqxOne(eqx.nn.Embedding(10, 4, key=KEY)), True)):
-        spec = port.Spec(lambda: _One(torch.nn.Embedding(10, 4)), make_port, lambda: (indices,), per_sample=per_sample)
+        spec = port.Spec(one_torch_layer(lambda: torch.nn.Embedding(10, 4)), make_port, lambda: (indices,), per_sample=per_sample)
         report = port.check_port(spec, "float64", programs=("jit",))
         assert report.passed and len(report.pairings) == 1, report.format()
 
 
 def test_an_nnx_embed_that_computes_in_its_param_dtype_is_named_before_any_comparison():
     """flax 0.12's nnx.Embed casts its table to param_dtype (float32 by default), whatever the table holds."""
-    spec = port.Spec(lambda: _One(torch.nn.Embedding(10, 4)), lambda: _NNXOne(lambda r: nnx.Embed(10, 4, rngs=r)),
+    spec = port.Spec(one_torch_layer(lambda: torch.nn.Embedding(10, 4)), lambda: _NNXOne(lambda r: nnx.Embed(10, 4, rngs=r)),
                      lambda: (np.array([1, 5, 9]),))
     with pytest.raises(port.PortDtypeError, match="the port computes in float32, not float64 as asked: layer gives float32"):
         port.check_port(spec, "float64")
