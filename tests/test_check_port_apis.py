@@ -166,8 +166,8 @@ class _NNXTorchBN(nnx.Module):
         self.var = nnx.BatchStat(jnp.ones(features))
 
     def __call__(self, x):
-        mean, var, self.mean.value, self.var.value = _batch_stats(x, (0, 1, 2), self.mean.value, self.var.value)
-        return (x - mean) / jnp.sqrt(var + 1e-5) * self.scale.value + self.bias.value
+        mean, var, self.mean[...], self.var[...] = _batch_stats(x, (0, 1, 2), self.mean[...], self.var[...])
+        return (x - mean) / jnp.sqrt(var + 1e-5) * self.scale[...] + self.bias[...]
 
 
 class _NNXConvBN(nnx.Module):
@@ -256,7 +256,7 @@ def test_a_biased_running_variance_is_named_in_an_nnx_port():
     class Biased(_NNXTorchBN):
         def __call__(self, x):
             out = super().__call__(x)
-            self.var.value = 0.9 + 0.1 * x.var(axis=(0, 1, 2))  # the batch's biased variance, as flax's BatchNorm keeps it
+            self.var[...] = 0.9 + 0.1 * x.var(axis=(0, 1, 2))  # the batch's biased variance, as flax's BatchNorm keeps it
             return out
 
     class Port(_NNXConvBN):
@@ -287,7 +287,7 @@ class _TracedDiffers(nnx.Module):
         self.weight = nnx.Param(jnp.array([1.5, -2.0, 0.5]))
 
     def __call__(self, x):
-        y = x * self.weight.value
+        y = x * self.weight[...]
         return y * (1 + 1e-3) if isinstance(x, jax.core.Tracer) else y
 
 

@@ -109,9 +109,9 @@ class TorchBatchNorm(nnx.Module):
         mean, var = x.mean(axis=(0, 1, 2)), x.var(axis=(0, 1, 2))
         n = x.size / x.shape[-1]
         unbiased = var if self.mistake == "bn-biased-var" else var * n / (n - 1)
-        self.mean.value = (1 - self.momentum) * self.mean.value + self.momentum * mean
-        self.var.value = (1 - self.momentum) * self.var.value + self.momentum * unbiased
-        return (x - mean) / jnp.sqrt(var + 1e-5) * self.scale.value + self.bias.value
+        self.mean[...] = (1 - self.momentum) * self.mean[...] + self.momentum * mean
+        self.var[...] = (1 - self.momentum) * self.var[...] + self.momentum * unbiased
+        return (x - mean) / jnp.sqrt(var + 1e-5) * self.scale[...] + self.bias[...]
 
 
 class NNXBasicBlock(nnx.Module):
