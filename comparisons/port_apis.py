@@ -93,6 +93,15 @@ def _intermediates(tree, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], 
     return out
 
 
+def _refill(treedef, template: list, slots: dict[tuple[str, ...], tuple], values: dict[tuple[str, ...], Any]):
+    """The pytree ``treedef`` with its leaves ``template``, each leaf at ``slots[path] = (position, _)`` replaced by
+    ``values[path]``: a port's own structure (an Equinox module, a parameter pytree) rebuilt from canonical arrays."""
+    leaves = list(template)
+    for path, (position, _) in slots.items():
+        leaves[position] = values[path]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
 def _definition_order(node, prefix: tuple[str, ...] = (), seen: set | None = None) -> list[tuple[str, ...]]:
     """Every path below ``node`` in the order its attributes, fields, keys and items were defined."""
     seen = set() if seen is None else seen
@@ -219,7 +228,6 @@ class Adapter:
     variables: dict  # {"params": {...}, "batch_stats": {...}}, nested by module path in definition order
     apply: Callable  # (variables, inputs, capture) -> (output, new batch_stats or {}, {module path: output})
     kinds: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)  # module path → its class, for layouts
-    paths: dict[tuple[str, ...], tuple] = dataclasses.field(default_factory=dict)  # canonical path → the API's own
 
 
 def _is_linen(model) -> bool:
@@ -373,10 +381,7 @@ def _equinox_adapter(spec, made) -> Adapter:
 
     def apply(tree, inputs, capture):
         values = _flat(tree.get("params", {}))
-        filled = list(template)
-        for path, (i, _) in arrays.items():
-            filled[i] = values[path]
-        net = jax.tree_util.tree_unflatten(treedef, filled)
+        net = _refill(treedef, template, arrays, values)
         current = None
         if state is not None:  # a State is used once: each call starts from a copy, in the parameters' precision
             dtype = next((v.dtype for v in values.values()), None)
@@ -451,10 +456,7 @@ def _function_adapter(spec) -> Adapter:
 
     def rebuild(collection, tree):
         treedef, template, flat = structure[collection]
-        values, filled = _flat(tree), list(template)
-        for path, (i, _) in flat.items():
-            filled[i] = values[path]
-        return jax.tree_util.tree_unflatten(treedef, filled)
+        return _refill(treedef, template, flat, _flat(tree))
 
     def apply(tree, inputs, capture):
         record: dict = {}
