@@ -154,11 +154,11 @@ def _clone(config, net_g, net_d, optimizer_g, optimizer_d, dtype):
 
 
 def _step_with_gradients(net, optimizer, gradients: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One step of PyTorch's optimizer fed the given gradients; the parameters after it."""
-    optimizer.zero_grad()
-    for name, parameter in net.named_parameters():
-        parameter.grad = torch.tensor(np.array(gradients[name]), dtype=parameter.dtype)
-    optimizer.step()
+    """One step of PyTorch's optimizer fed the given gradients (check-port's :func:`.port.step_with_gradients`);
+    the parameters after it."""
+    from .port import step_with_gradients
+
+    step_with_gradients(net, optimizer, gradients)
     return {n: p.detach().double().numpy().copy() for n, p in net.named_parameters()}
 
 
