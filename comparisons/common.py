@@ -7,7 +7,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from functional_gan.config import TUTORIAL, TrainConfig, config_for_loss
+from functional_gan.config import TUTORIAL, TrainConfig
+from functional_gan.losses import config_for_loss
 from functional_gan.metrics import METRIC_NAMES
 
 # What the reference runs train: the tutorial's settings at smaller sizes, on seeded random data.

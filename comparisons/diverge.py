@@ -82,9 +82,56 @@ class Divergence:
 # --- PyTorch: the tutorial's iteration, recording every intermediate -----------------------------
 
 
+class _Recorder(dcgan.IterationHooks):
+    """Hooks on the tutorial's own iteration (:func:`functional_gan.pytorch.dcgan.tutorial_iteration`) that record
+    every intermediate: each layer's output per pass, errD, D's gradients and update, errG, G's gradients and update.
+    ``d_after``: D's state_dict to continue from after its step (teacher forcing the G step)."""
+
+    def __init__(self, nets, unpermute, d_after=None):
+        self.record, self.current, self.unpermute, self.d_after = {}, None, unpermute, d_after
+        self.handles = [m.register_forward_hook(self._layer(i)) for net in nets for i, m in enumerate(net.main)]
+
+    def _layer(self, index):
+        def save(_module, _inputs, output):  # a copy: the next ReLU is in place
+            self.record[(self.current, index)] = self.unpermute(output.detach().double().numpy().copy())
+        return save
+
+    def before_pass(self, name):
+        self.current = name
+
+    def before_d_step(self, net_d, d):
+        self.record["errD"] = d.err_d_real.item() + d.err_d_fake.item()
+        self.record["D gradient"] = _gradients(net_d)
+
+    def after_d_step(self, net_d):
+        self.record["D after step"] = dcgan.state_dict_numpy(net_d)
+        if self.d_after is not None:
+            dcgan.load_state_dict_numpy(net_d, self.d_after)
+
+    def before_g_step(self, net_g, err_g):
+        self.record["errG"] = err_g.item()
+        self.record["G gradient"] = _gradients(net_g)
+
+    def after_g_step(self, net_g, net_d):
+        self.record["G after step"] = dcgan.state_dict_numpy(net_g)
+        self.record["D after iteration"] = dcgan.state_dict_numpy(net_d)
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def _parameters(net) -> dict[str, np.ndarray]:
+    return {n: p.detach().double().numpy().copy() for n, p in net.named_parameters()}
+
+
+def _gradients(net) -> dict[str, np.ndarray]:
+    return {n: p.grad.detach().double().numpy().copy() for n, p in net.named_parameters()}
+
+
 def _torch_iteration(net_g, net_d, optimizer_g, optimizer_d, real, noise, order=None, d_after=None,
                      channels_last: bool = False) -> dict:
-    """The tutorial's iteration (as :func:`functional_gan.pytorch.dcgan.tutorial_iteration`), recorded.
+    """The tutorial's iteration (:func:`functional_gan.pytorch.dcgan.tutorial_iteration` itself), recorded.
 
     ``order``: the batch's rows go in that order, and every per-row output is put back in the original
     order. ``d_after``: D's state_dict to continue from after its step (teacher forcing the G step).
@@ -101,45 +148,12 @@ def _torch_iteration(net_g, net_d, optimizer_g, optimizer_d, real, noise, order=
     def unpermute(array):
         return array if inverse is None or array.ndim == 0 or array.shape[0] != len(inverse) else array[inverse]
 
-    record, current = {}, {"pass": None}
-
-    def hook(index):
-        def save(_module, _inputs, output):
-            record[(current["pass"], index)] = unpermute(output.detach().double().numpy().copy())  # a copy: the next ReLU is in place
-        return save
-
-    handles = [m.register_forward_hook(hook(i)) for net in (net_g, net_d) for i, m in enumerate(net.main)]
+    recorder = _Recorder((net_g, net_d), unpermute, d_after)
     try:
-        criterion = torch.nn.BCELoss()
-        b_size = real.size(0)
-        net_d.zero_grad()
-        current["pass"] = "D(real)"
-        err_d_real = criterion(net_d(real).view(-1), torch.full((b_size,), losses.REAL_LABEL, dtype=real.dtype))
-        err_d_real.backward()
-        current["pass"] = "G"
-        fake = net_g(noise)
-        current["pass"] = "D(fake.detach())"
-        err_d_fake = criterion(net_d(fake.detach()).view(-1), torch.full((b_size,), losses.FAKE_LABEL, dtype=real.dtype))
-        err_d_fake.backward()
-        record["errD"] = err_d_real.item() + err_d_fake.item()
-        record["D gradient"] = {n: p.grad.detach().double().numpy().copy() for n, p in net_d.named_parameters()}
-        optimizer_d.step()
-        record["D after step"] = dcgan.state_dict_numpy(net_d)
-        if d_after is not None:
-            dcgan.load_state_dict_numpy(net_d, d_after)
-        net_g.zero_grad()
-        current["pass"] = "D updated (fake)"
-        err_g = criterion(net_d(fake).view(-1), torch.full((b_size,), losses.REAL_LABEL, dtype=real.dtype))
-        err_g.backward()
-        record["errG"] = err_g.item()
-        record["G gradient"] = {n: p.grad.detach().double().numpy().copy() for n, p in net_g.named_parameters()}
-        optimizer_g.step()
-        record["G after step"] = dcgan.state_dict_numpy(net_g)
-        record["D after iteration"] = dcgan.state_dict_numpy(net_d)
+        dcgan.tutorial_iteration(net_g, net_d, optimizer_g, optimizer_d, torch.nn.BCELoss(), real, noise, hooks=recorder)
     finally:
-        for handle in handles:
-            handle.remove()
-    return record
+        recorder.remove()
+    return recorder.record
 
 
 def _clone(config, net_g, net_d, optimizer_g, optimizer_d, dtype):
@@ -151,15 +165,6 @@ def _clone(config, net_g, net_d, optimizer_g, optimizer_d, dtype):
     opt_g.load_state_dict(copy.deepcopy(optimizer_g.state_dict()))  # cast to the parameters' dtype by PyTorch
     opt_d.load_state_dict(copy.deepcopy(optimizer_d.state_dict()))
     return g, d, opt_g, opt_d
-
-
-def _step_with_gradients(net, optimizer, gradients: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One step of PyTorch's optimizer fed the given gradients (check-port's :func:`.port.step_with_gradients`);
-    the parameters after it."""
-    from .port import step_with_gradients
-
-    step_with_gradients(net, optimizer, gradients)
-    return {n: p.detach().double().numpy().copy() for n, p in net.named_parameters()}
 
 
 # --- JAX: the training step's own parts -------------------------------------------------------------
@@ -317,8 +322,8 @@ def find_divergence(
                    "D after iteration": convert.variables_to_state_dict(record["d_params"], record["d_stats_final"])},
             )
             shadow_updates = {
-                "D": [_step_with_gradients(s[1], s[3], ours["D gradient"]) for s in shadows],
-                "G": [_step_with_gradients(s[0], s[2], ours["G gradient"]) for s in shadows],
+                "D": [_parameters(port.step_with_gradients(s[1], s[3], ours["D gradient"])) for s in shadows],
+                "G": [_parameters(port.step_with_gradients(s[0], s[2], ours["G gradient"])) for s in shadows],
             }
             entries = _entries(ref, noisy, ours, shadow_updates, dtype, k, tolerance, before_activation)
             for i, entry in enumerate(entries):

@@ -642,9 +642,10 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
 
 
 def step_with_gradients(model: torch.nn.Module, optimizer, gradients: dict[str, np.ndarray],
-                        start: dict | None = None) -> None:
+                        start: dict | None = None) -> torch.nn.Module:
     """One PyTorch optimizer step with the given gradients (by parameter name, PyTorch's layout), from the
-    parameters ``start`` (a state_dict) when given: PyTorch's optimizer fed another framework's gradients."""
+    parameters ``start`` (a state_dict) when given: PyTorch's optimizer fed another framework's gradients.
+    Returns ``model``, updated."""
     dtype = next(model.parameters()).dtype
     if start is not None:
         model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in start.items()})
@@ -653,6 +654,7 @@ def step_with_gradients(model: torch.nn.Module, optimizer, gradients: dict[str, 
         if name in gradients:
             parameter.grad = torch.tensor(np.array(gradients[name]), dtype=dtype)
     optimizer.step()
+    return model
 
 
 def _fed_update(model, optimizer, start: dict, pairings: list[Pairing], jax_grads) -> dict[str, np.ndarray]:

@@ -11,7 +11,7 @@ What a user imports, each named after (or documented with) its PyTorch counterpa
   :class:`Critic` and :func:`make_models`;
 * the layers with PyTorch's semantics: :func:`conv2d`, :func:`conv_transpose2d`, :class:`Conv2d`,
   :class:`ConvTranspose2d`, :class:`BatchNorm2d`, :func:`bce_loss`;
-* the losses: :data:`LOSSES` (the tutorial's BCE pair, WGAN-GP) and :func:`losses_for`;
+* the losses: :data:`LOSSES` (the tutorial's BCE pair, WGAN-GP, the hinge loss) and :func:`losses_for`;
 * the converters: :func:`state_dict_to_variables`, :func:`variables_to_state_dict`,
   :func:`load_state_dict_file` (``torch.load(weights_only=True)`` or safetensors), :func:`save_state_dict_file`.
 
@@ -28,11 +28,11 @@ _xla_guard.guard()
 # Imported on first use (PEP 562), so that ``import functional_gan`` and the command line's ``--help`` do not
 # load JAX; ``from functional_gan import gan_step`` works as before.
 _WHERE = {
-    "config": ("TUTORIAL", "TrainConfig", "config_for_loss"),
+    "config": ("TUTORIAL", "TrainConfig"),
     "convert": ("load_state_dict_file", "save_state_dict_file", "state_dict_to_variables", "variables_to_state_dict"),
     "errors": ("UserError",),
     "layers": ("BatchNorm2d", "Conv2d", "ConvTranspose2d", "bce_loss", "conv2d", "conv_transpose2d"),
-    "losses": ("LOSSES", "GANLoss", "losses_for"),
+    "losses": ("LOSSES", "GANLoss", "config_for_loss", "losses_for"),
     "metrics": ("METRIC_NAMES", "StepMetrics"),
     "models": ("Critic", "Discriminator", "Generator"),
     "train": ("GANState", "gan_step", "init_state", "make_models", "make_sampler", "make_train_step"),

@@ -34,6 +34,7 @@ from jax.sharding import SingleDeviceSharding
 from functional_gan.config import TrainConfig
 from functional_gan.distributed import primary_decides, to_host
 from functional_gan.errors import UserError
+from functional_gan.run_folder import CHECKPOINTS
 from functional_gan.train import GANState, init_state
 
 MANIFEST_NAME = "manifest.sha256.json"
@@ -283,8 +284,8 @@ def load_newest_good(directory: str | os.PathLike) -> Restored:
     directory = Path(directory)
     if not directory.exists():
         raise CheckpointError(f"checkpoint folder {str(directory)!r} does not exist")
-    if (directory / "checkpoints").is_dir():
-        directory = directory / "checkpoints"
+    if (directory / CHECKPOINTS).is_dir():  # a run folder
+        directory = directory / CHECKPOINTS
     restored = restore_newest_good(checkpoint_manager(directory, read_only=True))
     if restored is None:
         raise CheckpointError(f"no checkpoint found in {str(directory)!r}")

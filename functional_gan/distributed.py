@@ -1,4 +1,5 @@
-"""One run over several processes (hosts): ``jax.distributed`` and the host-side helpers it needs.
+"""One run over several devices and processes (hosts): the data-parallel mesh and its shardings,
+``jax.distributed`` and the host-side helpers a multi-process run needs.
 
 JAX is multi-controller: every process runs the same program on its own devices, and a
 ``Mesh`` over ``jax.devices()`` (all processes' devices) makes one jitted step span them. Each
@@ -17,8 +18,9 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from functional_gan.config import DEFAULT_JOIN_TIMEOUT, DEFAULT_PEER_TIMEOUT
+from functional_gan.config import DEFAULT_JOIN_TIMEOUT, DEFAULT_PEER_TIMEOUT, ConfigError, TrainConfig
 from functional_gan.errors import UserError
 
 
@@ -215,3 +217,41 @@ def process_rows(sharding, global_shape: tuple[int, ...]) -> slice:
     start = min(r.start or 0 for r in rows)
     stop = max(global_shape[0] if r.stop is None else r.stop for r in rows)
     return slice(start, stop)
+
+
+DATA_AXIS = "data"
+
+
+def data_parallel_mesh(config: TrainConfig) -> Mesh | None:
+    """A one-axis Mesh over ``config.devices`` devices (all by default), or None for one device.
+
+    In one process the devices are its local ones; in a multi-process run (``jax.distributed``)
+    the mesh spans every device of every process. The batch must split evenly: ``batch_size``
+    divisible by the device count.
+    """
+    if jax.process_count() > 1:
+        available = jax.devices()
+        count = config.devices or len(available)
+        if count != len(available):
+            raise ConfigError(f"--devices {count}: a run of {jax.process_count()} processes spans all their "
+                              f"{len(available)} devices; leave --devices out or give {len(available)}")
+    else:
+        available = jax.local_devices()
+        count = config.devices or len(available)
+        if count > len(available):
+            raise ConfigError(f"--devices {count}: only {len(available)} local device(s) "
+                              f"({', '.join(str(d) for d in available)})")
+    if config.batch_size % count:
+        raise ConfigError(f"--batch-size {config.batch_size} does not split evenly over {count} devices; "
+                          f"choose a multiple of {count} or other --devices")
+    return None if count == 1 else Mesh(np.array(available[:count]), (DATA_AXIS,))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Batches split along their first axis over the mesh's first axis (data parallelism)."""
+    return NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Parameters, optimizer states and metrics: a full copy on every device of the mesh."""
+    return NamedSharding(mesh, PartitionSpec())

@@ -176,11 +176,12 @@ def _keep_log(log_path: Path, out: Path, process_id: int) -> Path:
 def _kept(out: Path) -> str:
     """The newest sealed checkpoint on disk (a manifest is written only once orbax has finished)."""
     from functional_gan.checkpoints import MANIFEST_NAME
+    from functional_gan.run_folder import CHECKPOINTS
 
-    sealed = [int(p.parent.name) for p in (out / "checkpoints").glob(f"*/{MANIFEST_NAME}") if p.parent.name.isdigit()]
+    sealed = [int(p.parent.name) for p in (out / CHECKPOINTS).glob(f"*/{MANIFEST_NAME}") if p.parent.name.isdigit()]
     if not sealed:
         return "no checkpoint had been sealed yet"
-    return f"the checkpoint of iteration {max(sealed)} in {out / 'checkpoints'} is kept"
+    return f"the checkpoint of iteration {max(sealed)} in {out / CHECKPOINTS} is kept"
 
 
 def explain(code: int, fatal: str, status: _Status, process_id: int, coordinator: str, out: Path,

@@ -1,6 +1,10 @@
 """The training loop around the pure step: data, progress, logs, pictures, checkpoints, resume.
 
-All I/O lives here; :mod:`functional_gan.train` stays pure.
+All I/O lives here; :mod:`functional_gan.train` stays pure. :func:`train` runs in named phases:
+``_prepare`` (every check before anything is written), ``_start`` (resume or fresh weights, the
+settings written), ``_compile`` (the step, ahead of time, timed), ``_iterate`` (the loop: steps,
+records, grids, checkpoints) and ``_finish`` (logs and figures). The run folder's file names live in
+:mod:`functional_gan.run_folder`.
 """
 
 from __future__ import annotations
@@ -21,26 +25,33 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 from tqdm.auto import tqdm
 
-from functional_gan import checkpoints, convert, plots
+from functional_gan import checkpoints, convert, plots, run_folder
 from functional_gan.config import TUTORIAL, ConfigError, TrainConfig
 from functional_gan.data import DataError, Dataset, load_dataset
-from functional_gan.distributed import barrier, is_primary, primary_decides, to_host
+from functional_gan.distributed import (
+    barrier,
+    batch_sharding,
+    data_parallel_mesh,
+    is_primary,
+    primary_decides,
+    replicated,
+    to_host,
+)
 from functional_gan.launch import report
 from functional_gan.pipeline import Batches, default_workers, known_problems, record_problems
 from functional_gan.errors import UserError
-from functional_gan.losses import LOSSES
+from functional_gan.losses import LossSpec, loss_entry
 from functional_gan.metrics import METRIC_NAMES, StepMetrics, stats_line
 from functional_gan.models import count_params
+from functional_gan.progress import progress_bar
 from functional_gan.replay import state_from_state_dicts
+from functional_gan.run_folder import RunFolder
 from functional_gan.train import (
     GANState,
-    batch_sharding,
-    data_parallel_mesh,
     fixed_noise,
     init_state,
     make_sampler,
     make_train_step,
-    replicated,
 )
 
 
@@ -97,9 +108,6 @@ def stop_requested() -> bool:
     return _stop.is_set()
 
 
-LOCK_NAME = ".train.lock"
-UNREADABLE_NAME = "unreadable_files.txt"  # in the run folder: image files that could not be read, one per line
-
 
 @contextlib.contextmanager
 def run_lock(out: Path):
@@ -112,7 +120,7 @@ def run_lock(out: Path):
     with contextlib.ExitStack() as stack:
 
         def acquire() -> None:
-            handle = stack.enter_context((out / LOCK_NAME).open("a+"))
+            handle = stack.enter_context(RunFolder(out).lock.open("a+"))
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -165,14 +173,65 @@ def train(
       CheckpointError: checkpoints exist and none is good; CheckpointWriteError: a write failed.
       NonFiniteLossError: a loss became NaN/inf; the last good checkpoint is kept.
     """
+    run = _prepare(config, Path(out_dir), dataset, progress, print_fn, workers)
+    initial, initial_note = _initial_weights(config, init_generator, init_discriminator)
+    run.folder.root.mkdir(parents=True, exist_ok=True)
+    with run_lock(run.folder.root):
+        _announce(run)
+        manager = checkpoints.checkpoint_manager(run.folder.checkpoints)
+        state, last_checkpoint = _start(run, manager, initial, initial_note)
+        first_step = int(to_host(state.step))
+        problems_path = run.folder.unreadable(jax.process_index(), jax.process_count())
+        # Started before the compilation, so that the workers read the first batches while XLA compiles.
+        batches = Batches(run.dataset, config.seed, config.batch_size, first_step, run.total_steps, run.mesh,
+                          run.workers, known_problems(problems_path))
+        if batches.workers:
+            run.print_fn(f"Input: {batches.workers} Grain worker process(es) read the batches ahead (--workers)")
+        try:
+            train_step, compile_seconds = _compile(run, state, first_step)
+            state = _iterate(run, state, train_step, batches, problems_path, manager, first_step, last_checkpoint)
+        finally:
+            batches.close()
+            manager.wait_until_finished()
+        _finish(run, state, batches, problems_path, first_step)
+    return RunResult(state, first_step, int(to_host(state.step)), run.folder.root, compile_seconds)
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the phases of a run share: its settings, its folder, its data and schedule, and how it reports."""
+
+    config: TrainConfig
+    folder: RunFolder
+    dataset: Dataset
+    mesh: object  # a jax.sharding.Mesh, or None on one device
+    state_sharding: object
+    loss: LossSpec
+    workers: int
+    progress: bool
+    print_fn: Callable[[str], None]
+    primary: bool
+    per_epoch: int
+    total_steps: int
+    sampler: Callable = None  # the fixed-noise grids' program, made once (it compiles on its first call)
+    noise: object = None  # the fixed noise, on the state's devices
+
+    @property
+    def num_epochs(self) -> int:
+        return math.ceil(self.total_steps / self.per_epoch)
+
+    @property
+    def grid_every(self) -> int:
+        return self.config.grid_interval(self.total_steps)
+
+
+def _prepare(config: TrainConfig, out: Path, dataset: Dataset | None, progress: bool, print_fn, workers: int | None) -> _Run:
+    """Check everything that can be checked before anything is written; the run's settings and schedule."""
     config.validate()
+    loss = loss_entry(config.loss)  # its entry: the stats line's labels and derived metrics, the critic or not
     _stop.clear()
-    out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a folder")
-    primary = is_primary()
-    if not primary:
-        progress, print_fn = False, _quiet
     if workers is not None and workers < 0:
         raise ConfigError(f"--workers must be 0 or more, got {workers}")
     if dataset is None:
@@ -180,30 +239,77 @@ def train(
     if tuple(dataset.image_shape) != (config.image_size, config.image_size, config.nc):
         raise DataError(f"dataset images have shape {tuple(dataset.image_shape)}, the model expects "
                         f"{(config.image_size, config.image_size, config.nc)}")
-    if dataset.steps_per_epoch(config.batch_size) == 0:
+    per_epoch = dataset.steps_per_epoch(config.batch_size)
+    if per_epoch == 0:
         raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {config.batch_size}; "
                         "lower --batch-size or add images")
     mesh = data_parallel_mesh(config)
-    initial, initial_note = None, ""
-    if init_generator is not None or init_discriminator is not None:  # read and checked before anything is written
-        initial = state_from_state_dicts(
-            config,
-            None if init_generator is None else convert.load_state_dict_file(init_generator),
-            None if init_discriminator is None else convert.load_state_dict_file(init_discriminator),
-        )
-        sources = [f"{name} from {path}" for name, path in (("generator", init_generator), ("discriminator", init_discriminator)) if path]
-        initial_note = f"Initial weights: {', '.join(sources)} (PyTorch state_dicts); Adam states start fresh"
-    out.mkdir(parents=True, exist_ok=True)
-    with run_lock(out):
-        return _train(config, out, dataset, mesh, progress, print_fn, initial, initial_note,
-                      default_workers() if workers is None else workers)
+    primary = is_primary()
+    state_sharding = replicated(mesh) if mesh is not None else SingleDeviceSharding(jax.local_devices()[0])
+    return _Run(config, RunFolder(out), dataset, mesh, state_sharding, loss,
+                default_workers() if workers is None else workers, progress and primary,
+                print_fn if primary else _quiet, primary, per_epoch,
+                config.steps if config.steps is not None else config.epochs * per_epoch,
+                make_sampler(config), jax.device_put(fixed_noise(config), state_sharding))
+
+
+def _initial_weights(config: TrainConfig, init_generator, init_discriminator) -> tuple[GANState | None, str]:
+    """A new run's starting state from PyTorch state_dict files (read and checked before anything is written)."""
+    if init_generator is None and init_discriminator is None:
+        return None, ""
+    initial = state_from_state_dicts(
+        config,
+        None if init_generator is None else convert.load_state_dict_file(init_generator),
+        None if init_discriminator is None else convert.load_state_dict_file(init_discriminator),
+    )
+    sources = [f"{name} from {path}" for name, path in (("generator", init_generator), ("discriminator", init_discriminator)) if path]
+    return initial, f"Initial weights: {', '.join(sources)} (PyTorch state_dicts); Adam states start fresh"
 
 
 def _quiet(_message: str) -> None:
     pass
 
 
-def _resume(config: TrainConfig, out: Path, manager, sharding, print_fn) -> checkpoints.Restored | None:
+def _announce(run: _Run) -> None:
+    run.print_fn(f"Random Seed: {run.config.seed}")
+    run.print_fn(describe_backend())
+    if run.mesh is not None:
+        processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
+        run.print_fn(f"Data parallel over {run.mesh.devices.size} devices{processes}: batch split along its first axis, "
+                     "state replicated")
+
+
+def _start(run: _Run, manager, initial: GANState | None, initial_note: str) -> tuple[GANState, int | None]:
+    """The state the run starts from (its newest good checkpoint, the given weights, or fresh ones), the settings
+    written, the folder made consistent with it; the state and the last checkpoint's iteration."""
+    config, print_fn = run.config, run.print_fn
+    restored = _resume(config, run.folder, manager, run.state_sharding, print_fn)
+    if restored is not None:
+        state = restored.state
+        if initial is not None:
+            print_fn("The run resumes from its checkpoint; --init-generator / --init-discriminator are not used")
+    else:
+        state = jax.device_put(initial if initial is not None else init_state(config), run.state_sharding)
+        if initial is not None:
+            print_fn(initial_note)
+    first_step = int(to_host(state.step))
+    if run.primary:
+        run.folder.config.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        _forget_after(run.folder, first_step)
+        if first_step == 0:
+            plots.save_grid(run.dataset.batch(config.seed, 0, min(64, config.batch_size)),
+                            run.folder.root / run_folder.TRAINING_IMAGES)
+    print_fn(
+        f"Generator: {count_params(state.generator_params):,} parameters; "
+        f"{f'Critic ({run.loss.name})' if run.loss.critic else 'Discriminator'}: "
+        f"{count_params(state.discriminator_params):,} parameters"
+    )
+    print_fn(f"Data: {run.dataset.name}, {len(run.dataset)} images, {run.per_epoch} iterations per epoch (batch "
+             f"{config.batch_size}); {run.total_steps} iterations, a fixed-noise grid every {run.grid_every}")
+    return state, restored.step if restored is not None else None
+
+
+def _resume(config: TrainConfig, folder: RunFolder, manager, sharding, print_fn) -> checkpoints.Restored | None:
     """The newest good checkpoint (damaged newer ones reported and moved aside), checked against ``config``."""
     restored = checkpoints.restore_newest_good(manager, sharding)
     if restored is None:
@@ -211,7 +317,7 @@ def _resume(config: TrainConfig, out: Path, manager, sharding, print_fn) -> chec
     problems = config.incompatibilities(restored.config)
     if problems:
         raise ConfigError(
-            f"{out} holds a run with other settings; use another --out or the same settings:\n  " + "\n  ".join(problems)
+            f"{folder.root} holds a run with other settings; use another --out or the same settings:\n  " + "\n  ".join(problems)
         )
     if restored.damaged:
         for damaged in restored.damaged:
@@ -221,153 +327,128 @@ def _resume(config: TrainConfig, out: Path, manager, sharding, print_fn) -> chec
                                 lambda: [str(p) for p in checkpoints.move_aside(manager, restored.damaged)])
         print_fn(f"Moved the damaged checkpoint(s) to {', '.join(moved)} (nothing deleted)")
         manager.reload()
-    print_fn(f"Resuming from the checkpoint at iteration {restored.step} in {out / 'checkpoints'}")
+    print_fn(f"Resuming from the checkpoint at iteration {restored.step} in {folder.checkpoints}")
     return restored
 
 
-def _forget_after(out: Path, step: int) -> None:
+def _forget_after(folder: RunFolder, step: int) -> None:
     """On resume, drop logged iterations and grids beyond the checkpoint: they are recomputed identically."""
-    metrics_path = out / "metrics.jsonl"
+    metrics_path = folder.metrics
     records = [r for r in _read_metrics(metrics_path) if r["step"] <= step]
     temporary = metrics_path.with_suffix(".jsonl.tmp")
     with temporary.open("w") as f:
         for record in records:
             f.write(json.dumps(record) + "\n")
     os.replace(temporary, metrics_path)
-    for grid in (out / "samples").glob("iter_*.png"):
-        if int(grid.stem.removeprefix("iter_")) > step:
+    for grid in folder.grids():
+        if RunFolder.grid_step(grid) > step:
             grid.unlink()
 
 
-def _train(config: TrainConfig, out: Path, dataset: Dataset, mesh, progress: bool, print_fn,
-           initial: GANState | None, initial_note: str, workers: int) -> RunResult:
-    loss = LOSSES[config.loss]  # its entry: the stats line's labels and derived metrics, the critic or not
-    primary = is_primary()
-    per_epoch = dataset.steps_per_epoch(config.batch_size)
-    total_steps = config.steps if config.steps is not None else config.epochs * per_epoch
-    num_epochs = math.ceil(total_steps / per_epoch)
-    grid_every = config.grid_interval(total_steps)
 
-    print_fn(f"Random Seed: {config.seed}")
-    print_fn(describe_backend())
-    if mesh is not None:
-        processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
-        print_fn(f"Data parallel over {mesh.devices.size} devices{processes}: batch split along its first axis, state replicated")
-    state_sharding = replicated(mesh) if mesh is not None else SingleDeviceSharding(jax.local_devices()[0])
-    manager = checkpoints.checkpoint_manager(out / "checkpoints")
-    restored = _resume(config, out, manager, state_sharding, print_fn)
-    if restored is not None:
-        state = restored.state
-        if initial is not None:
-            print_fn("The run resumes from its checkpoint; --init-generator / --init-discriminator are not used")
-    else:
-        state = jax.device_put(initial if initial is not None else init_state(config), state_sharding)
-        if initial is not None:
-            print_fn(initial_note)
-    last_checkpoint = restored.step if restored is not None else None
-    if primary:
-        (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    print_fn(
-        f"Generator: {count_params(state.generator_params):,} parameters; "
-        f"{f'Critic ({loss.name})' if loss.critic else 'Discriminator'}: {count_params(state.discriminator_params):,} parameters"
-    )
-    print_fn(f"Data: {dataset.name}, {len(dataset)} images, {per_epoch} iterations per epoch (batch {config.batch_size}); "
-             f"{total_steps} iterations, a fixed-noise grid every {grid_every}")
+def _compile(run: _Run, state: GANState, first_step: int):
+    """The training step, compiled ahead of the loop (timed); (step, seconds), or (the jitted step, None) when
+    nothing is left to train."""
+    train_step = make_train_step(run.config, run.mesh)
+    if first_step >= run.total_steps:
+        return train_step, None
+    run.print_fn("Starting Training Loop...")
+    start = time.perf_counter()
+    config = run.config
+    abstract_batch = jax.ShapeDtypeStruct((config.batch_size, config.image_size, config.image_size, config.nc),
+                                          np.float32, sharding=batch_sharding(run.mesh) if run.mesh is not None else None)
+    compiled = train_step.lower(state, abstract_batch).compile()
+    seconds = time.perf_counter() - start
+    run.print_fn(f"Compiled the training step in {seconds:.1f} s")
+    return compiled, seconds
 
-    metrics_path = out / "metrics.jsonl"
-    first_step = int(to_host(state.step))
-    if primary:
-        _forget_after(out, first_step)
-    sampler = make_sampler(config)
-    noise = jax.device_put(fixed_noise(config), state_sharding)
-    samples_dir = out / "samples"
-    if first_step == 0 and primary:
-        plots.save_grid(dataset.batch(config.seed, 0, min(64, config.batch_size)), out / "training_images.png")
 
-    global_shape = (config.batch_size, config.image_size, config.image_size, config.nc)
-    # Started before the compilation, so that the workers read the first batches while XLA compiles.
-    problems_path = out / (UNREADABLE_NAME if jax.process_count() == 1 else f"unreadable_files.process-{jax.process_index()}.txt")
-    batches = Batches(dataset, config.seed, config.batch_size, first_step, total_steps, mesh, workers,
-                      known_problems(problems_path))
-    if batches.workers:
-        print_fn(f"Input: {batches.workers} Grain worker process(es) read the batches ahead (--workers)")
-    train_step = make_train_step(config, mesh)
-    compile_seconds = None
-    if first_step < total_steps:
-        print_fn("Starting Training Loop...")
-        start = time.perf_counter()
-        abstract_batch = jax.ShapeDtypeStruct(global_shape, np.float32,
-                                              sharding=batch_sharding(mesh) if mesh is not None else None)
-        train_step = train_step.lower(state, abstract_batch).compile()
-        compile_seconds = time.perf_counter() - start
-        print_fn(f"Compiled the training step in {compile_seconds:.1f} s")
+class _Log:
+    """The per-iteration records: fetched one iteration late (so the host never waits for the step it just
+    launched), checked finite, written to metrics.jsonl (line-buffered: on disk as soon as fetched), and the
+    tutorial's stats line every ``log_every`` iterations."""
 
-    def note_problems() -> None:
-        problems = batches.take_problems()
-        for problem in problems:
-            print_fn(f"Skipped an unreadable image file (the next readable one takes its place): {problem}")
-        record_problems(problems_path, problems)
+    def __init__(self, run: _Run, file, last_checkpoint: int | None):
+        self.run, self.file, self.last_checkpoint = run, file, last_checkpoint
+        self.pending = None  # (step_done, metrics) not yet fetched
 
-    def record(step_done: int, metrics: StepMetrics, log_file) -> dict:
+    def push(self, step_done: int, metrics: StepMetrics) -> None:
+        self.flush()
+        self.pending = (step_done, metrics)
+
+    def flush(self) -> dict | None:
+        """Fetch and record the pending iteration; its values (None when none was pending)."""
+        if self.pending is None:
+            return None
+        (step_done, metrics), self.pending = self.pending, None
+        run = self.run
         values = {name: float(to_host(v)) for name, v in zip(METRIC_NAMES, metrics)}
         if not all(math.isfinite(v) for v in values.values()):
-            raise NonFiniteLossError(step_done, values, last_checkpoint, out / "checkpoints")
-        epoch, index = divmod(step_done - 1, per_epoch)
-        if log_file is not None:
-            log_file.write(json.dumps({"step": step_done, "epoch": epoch, **values}) + "\n")
-        if primary and (step_done % config.log_every == 0 or step_done == total_steps):
-            tqdm.write(stats_line(epoch, num_epochs, index, per_epoch, values, loss.labels, loss.derived))
+            raise NonFiniteLossError(step_done, values, self.last_checkpoint, run.folder.checkpoints)
+        epoch, index = divmod(step_done - 1, run.per_epoch)
+        if self.file is not None:
+            self.file.write(json.dumps({"step": step_done, "epoch": epoch, **values}) + "\n")
+        if run.primary and (step_done % run.config.log_every == 0 or step_done == run.total_steps):
+            tqdm.write(stats_line(epoch, run.num_epochs, index, run.per_epoch, values, run.loss.labels, run.loss.derived))
         return values
 
-    pending = None  # (step_done, metrics) not yet fetched: read after the next step is launched
-    # metrics.jsonl is line-buffered: each iteration is on disk as soon as it is fetched.
-    try:
-        with (metrics_path.open("a", buffering=1) if primary else contextlib.nullcontext()) as log_file, tqdm(
-            total=total_steps, initial=min(first_step, total_steps), desc="training", unit="it", disable=not progress
-        ) as bar:
-            for step in range(first_step, total_steps):
-                if _stop.is_set():
-                    raise KeyboardInterrupt
-                state, metrics = train_step(state, next(batches))
-                note_problems()
-                if pending is not None:
-                    record(*pending, log_file)
-                pending = (step + 1, metrics)
-                bar.update(1)
-                step_done = step + 1
-                report(iteration=step_done)
-                at_sample = step_done % grid_every == 0 or step_done == total_steps
-                at_checkpoint = step_done % config.checkpoint_every == 0 or step_done == total_steps
-                if at_sample or at_checkpoint:
-                    values = record(*pending, log_file)  # checked finite before anything is saved
-                    pending = None
-                    bar.set_postfix(loss_d=f"{values['loss_d']:.3f}", loss_g=f"{values['loss_g']:.3f}")
-                    if at_sample:
-                        grid = sampler(state, noise)  # every process runs the program; only the first fetches it
-                        if primary:
-                            plots.save_grid(to_host(grid), samples_dir / f"iter_{step_done:06d}.png")
-                    if at_checkpoint:
-                        if log_file is not None:
-                            log_file.flush()
-                        last_checkpoint = checkpoints.save(manager, state, config)
-            if pending is not None:
-                record(*pending, log_file)
-    finally:
-        batches.close()
-        manager.wait_until_finished()
+
+def _iterate(run: _Run, state: GANState, train_step, batches: Batches, problems_path: Path, manager,
+             first_step: int, last_checkpoint: int | None) -> GANState:
+    """The training loop from ``first_step``: a step per iteration, the fixed-noise grids and the checkpoints."""
+    config, folder = run.config, run.folder
+    with (folder.metrics.open("a", buffering=1) if run.primary else contextlib.nullcontext()) as file, progress_bar(
+        run.total_steps, "training", "it", initial=min(first_step, run.total_steps), disable=not run.progress
+    ) as bar:
+        log = _Log(run, file, last_checkpoint)
+        for step in range(first_step, run.total_steps):
+            if _stop.is_set():
+                raise KeyboardInterrupt
+            state, metrics = train_step(state, next(batches))
+            _note_problems(run, batches, problems_path)
+            log.push(step + 1, metrics)
+            bar.update(1)
+            step_done = step + 1
+            report(iteration=step_done)
+            at_sample = step_done % run.grid_every == 0 or step_done == run.total_steps
+            at_checkpoint = step_done % config.checkpoint_every == 0 or step_done == run.total_steps
+            if not (at_sample or at_checkpoint):
+                continue
+            values = log.flush()  # checked finite before anything is saved
+            bar.set_postfix(loss_d=f"{values['loss_d']:.3f}", loss_g=f"{values['loss_g']:.3f}")
+            if at_sample:
+                grid = run.sampler(state, run.noise)  # every process runs the program; only the first fetches it
+                if run.primary:
+                    plots.save_grid(to_host(grid), folder.grid(step_done))
+            if at_checkpoint:
+                if file is not None:
+                    file.flush()
+                log.last_checkpoint = checkpoints.save(manager, state, config)
+        log.flush()
+    return state
+
+
+def _note_problems(run: _Run, batches: Batches, problems_path: Path) -> None:
+    problems = batches.take_problems()
+    for problem in problems:
+        run.print_fn(f"Skipped an unreadable image file (the next readable one takes its place): {problem}")
+    record_problems(problems_path, problems)
+
+
+def _finish(run: _Run, state: GANState, batches: Batches, problems_path: Path, first_step: int) -> None:
+    """What a finished run leaves besides its checkpoints: the input logs, the skipped files, the figures."""
     if jax.process_count() > 1:  # what this process read: its rows of each global batch, nothing else
-        (out / "logs").mkdir(exist_ok=True)
-        (out / "logs" / f"input-process-{jax.process_index()}.json").write_text(json.dumps(
-            {"process": jax.process_index(), "rows": batches.local_rows, "iterations": total_steps - first_step,
+        log_path = run.folder.input_log(jax.process_index())
+        log_path.parent.mkdir(exist_ok=True)
+        log_path.write_text(json.dumps(
+            {"process": jax.process_index(), "rows": batches.local_rows, "iterations": run.total_steps - first_step,
              "files_read": batches.files_read}) + "\n")
     skipped = known_problems(problems_path)
     if skipped:
-        print_fn(f"{len(skipped)} unreadable image file(s) were skipped; listed in {problems_path}")
-
-    final_samples = sampler(state, noise)
-    if primary:
-        _write_figures(config, out, dataset, to_host(final_samples))
-    return RunResult(state, first_step, int(to_host(state.step)), out, compile_seconds)
+        run.print_fn(f"{len(skipped)} unreadable image file(s) were skipped; listed in {problems_path}")
+    final_samples = run.sampler(state, run.noise)
+    if run.primary:
+        _write_figures(run.config, run.folder, run.dataset, to_host(final_samples))
 
 
 def _check_sample_request(out: str | Path, num: int) -> Path:
@@ -438,12 +519,12 @@ def export_checkpoint(
     return restored
 
 
-def _write_figures(config, out: Path, dataset: Dataset, samples_NHWC: np.ndarray) -> None:
-    records = _read_metrics(out / "metrics.jsonl")
+def _write_figures(config, folder: RunFolder, dataset: Dataset, samples_NHWC: np.ndarray) -> None:
+    records = _read_metrics(folder.metrics)
     if records:
-        derived = {label: [fn(r) for r in records] for label, fn in LOSSES[config.loss].derived.items()}
-        plots.save_loss_plot([r["loss_g"] for r in records], [r["loss_d"] for r in records], out / "loss.png", derived)
-    grids = sorted((out / "samples").glob("iter_*.png"))
-    plots.save_progress_gif(grids, out / "progress.gif")
+        derived = {label: [fn(r) for r in records] for label, fn in loss_entry(config.loss).derived.items()}
+        plots.save_loss_plot([r["loss_g"] for r in records], [r["loss_d"] for r in records],
+                             folder.root / run_folder.LOSS_PLOT, derived)
+    plots.save_progress_gif(folder.grids(), folder.root / run_folder.PROGRESS_GIF)
     real = dataset.batch(config.seed, 0, min(64, config.batch_size))
-    plots.save_real_vs_fake(real, samples_NHWC, out / "real_vs_fake.png")
+    plots.save_real_vs_fake(real, samples_NHWC, folder.root / run_folder.REAL_VS_FAKE)

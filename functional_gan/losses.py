@@ -20,6 +20,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from functional_gan.config import ConfigError, TrainConfig
 from functional_gan.layers import bce_loss
 from functional_gan.models import Critic, Discriminator
 
@@ -109,7 +110,7 @@ def wgan_generator_loss(critic: Critic, params, batch_stats, fake_NHWC):
 class LossSpec(NamedTuple):
     """An entry of :data:`LOSSES`: everything the project knows about one GAN loss, in one place.
 
-    The command line (``--loss`` and its help, the defaults' help), :func:`functional_gan.config.config_for_loss`,
+    The command line (``--loss`` and its help, the defaults' help), :func:`config_for_loss`,
     the training step, ``replay``, the comparisons and the stats line all read it; no code tests a loss's name.
     """
 
@@ -169,6 +170,29 @@ HINGE_LOSS = LossSpec(
 LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in (BCE_LOSS, WGAN_GP_LOSS, HINGE_LOSS)}
 
 
+def loss_entry(name: str) -> LossSpec:
+    """The entry of :data:`LOSSES` called ``name``; :class:`ConfigError` naming the known ones otherwise."""
+    if name not in LOSSES:
+        raise ConfigError(f"--loss {name!r} is not known; choose one of {tuple(LOSSES)}")
+    return LOSSES[name]
+
+
 def losses_for(config, mix_N: jax.Array | None = None) -> GANLoss:
     """The loss pair ``config.loss`` names, for a step whose interpolation weights are ``mix_N`` (WGAN-GP only)."""
-    return LOSSES[config.loss].build(config, mix_N)
+    return loss_entry(config.loss).build(config, mix_N)
+
+
+def config_for_loss(loss: str, **given) -> TrainConfig:
+    """A TrainConfig for ``loss``: the tutorial's settings, then the loss's defaults, then ``given`` (None: not given).
+
+    ``config_for_loss("wgan-gp", lr=None)`` has WGAN-GP's lr 1e-4; ``lr=3e-4`` keeps 3e-4. The defaults
+    are the loss's entry's (:data:`LOSSES`).
+    """
+    spec = loss_entry(loss)
+    for name, value in given.items():
+        owners = [s.name for s in LOSSES.values() if name in s.own_settings]
+        if value is not None and owners and loss not in owners:
+            raise ConfigError(f"--{name.replace('_', '-')} is a setting of the {' and '.join(owners)} loss; "
+                              f"--loss {loss} does not use it")
+    values = {**spec.defaults, **{k: v for k, v in given.items() if v is not None}}
+    return TrainConfig(loss=loss, **values)

@@ -1,7 +1,7 @@
 """The input pipeline: for each iteration, the global batch, already sharded, read ahead by Grain worker processes.
 
-``Batches(dataset, config, mesh, first_step, total_steps, workers)`` is the one object the training
-loop asks for data. Iteration ``t``'s batch is a pure function of (seed, t) (see
+``Batches(dataset, seed, batch_size, first_step, total_steps, mesh, workers, known_problems)`` is the
+one object the training loop asks for data. Iteration ``t``'s batch is a pure function of (seed, t) (see
 :class:`functional_gan.data.Dataset`), so the pipeline starts at any iteration: a resumed run
 reads exactly what the uninterrupted run read, and nothing before ``first_step`` is touched.
 
@@ -87,8 +87,7 @@ class Batches:
         if mesh is not None:
             import jax
 
-            from functional_gan.distributed import process_rows
-            from functional_gan.train import batch_sharding
+            from functional_gan.distributed import batch_sharding, process_rows
 
             self._assemble = jax.make_array_from_process_local_data
             self.sharding = batch_sharding(mesh)

@@ -11,11 +11,11 @@ from typing import Any, NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
-from functional_gan.config import ConfigError, TrainConfig
+from functional_gan.config import TrainConfig
+from functional_gan.distributed import batch_sharding, replicated
 from functional_gan.losses import LOSSES, GANLoss, losses_for
 from functional_gan.metrics import StepMetrics
 from functional_gan.models import Critic, Discriminator, Generator
@@ -247,42 +247,16 @@ def generator_update(discriminator, optimizer, losses: GANLoss, state: GANState,
                            stats_after_pass, d_g_z2)
 
 
-DATA_AXIS = "data"
+def step_function(config: TrainConfig):
+    """``train_step(state, real_NHWC) -> (state, metrics)``, not jitted: the training step with its noise (and
+    WGAN-GP's ε) drawn inside from the step's counter. :func:`make_train_step` jits it; a ``lax.scan`` can run it."""
 
+    def train_step(state: GANState, real_NHWC: jax.Array):
+        noise = step_noise(config, state.step, real_NHWC.shape[0], real_NHWC.dtype)
+        mix = step_mix(config, state.step, real_NHWC.shape[0], real_NHWC.dtype)
+        return gan_step(config, state, real_NHWC, noise, mix_N=mix)
 
-def data_parallel_mesh(config: TrainConfig) -> Mesh | None:
-    """A one-axis Mesh over ``config.devices`` devices (all by default), or None for one device.
-
-    In one process the devices are its local ones; in a multi-process run (``jax.distributed``)
-    the mesh spans every device of every process. The batch must split evenly: ``batch_size``
-    divisible by the device count.
-    """
-    if jax.process_count() > 1:
-        available = jax.devices()
-        count = config.devices or len(available)
-        if count != len(available):
-            raise ConfigError(f"--devices {count}: a run of {jax.process_count()} processes spans all their "
-                              f"{len(available)} devices; leave --devices out or give {len(available)}")
-    else:
-        available = jax.local_devices()
-        count = config.devices or len(available)
-        if count > len(available):
-            raise ConfigError(f"--devices {count}: only {len(available)} local device(s) "
-                              f"({', '.join(str(d) for d in available)})")
-    if config.batch_size % count:
-        raise ConfigError(f"--batch-size {config.batch_size} does not split evenly over {count} devices; "
-                          f"choose a multiple of {count} or other --devices")
-    return None if count == 1 else Mesh(np.array(available[:count]), (DATA_AXIS,))
-
-
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Batches split along their first axis over the mesh's first axis (data parallelism)."""
-    return NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-    """Parameters, optimizer states and metrics: a full copy on every device of the mesh."""
-    return NamedSharding(mesh, PartitionSpec())
+    return train_step
 
 
 def make_train_step(config: TrainConfig, mesh: Mesh | None = None):
@@ -294,11 +268,7 @@ def make_train_step(config: TrainConfig, mesh: Mesh | None = None):
     reductions). The state's buffers are donated on accelerators (CPU ignores donation).
     """
 
-    def train_step(state: GANState, real_NHWC: jax.Array):
-        noise = step_noise(config, state.step, real_NHWC.shape[0], real_NHWC.dtype)
-        mix = step_mix(config, state.step, real_NHWC.shape[0], real_NHWC.dtype)
-        return gan_step(config, state, real_NHWC, noise, mix_N=mix)
-
+    train_step = step_function(config)
     donate = (0,) if jax.default_backend() != "cpu" else ()
     if mesh is None:
         return jax.jit(train_step, donate_argnums=donate)

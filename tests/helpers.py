@@ -21,17 +21,34 @@ from functional_gan.train import GANState
 
 # The tiny configuration every test trains or steps with unless it needs something else: random data, 32×32,
 # widths 4, batch 4 (the smallest the models take; `pytest tests/test_train_step.py --durations=0` times a step).
-TINY = TrainConfig(data="fake", batch_size=4, image_size=32, nz=8, ngf=4, ndf=4, nc=3)
+TINY_SIZES = dict(data="fake", batch_size=4, image_size=32, nz=8, ngf=4, ndf=4, nc=3)
+TINY = TrainConfig(**TINY_SIZES)
 
 
 def tiny(**changes) -> TrainConfig:
-    """:data:`TINY` with ``changes``."""
-    return dataclasses.replace(TINY, **changes)
+    """:data:`TINY` with ``changes``; with ``loss=``, that loss's own defaults (its optimizer, n_critic) at TINY's sizes."""
+    from functional_gan.losses import config_for_loss
+
+    loss = changes.pop("loss", None)
+    base = TINY if loss is None else dataclasses.replace(config_for_loss(loss), **TINY_SIZES)
+    return dataclasses.replace(base, **changes)
+
+
+def tiny_flags(data_flags: bool = True, **changes) -> list[str]:
+    """The ``functional-gan train`` flags of ``tiny(**changes)`` (see :func:`train_args`), then ``--no-progress``.
+
+    ``data_flags=False`` leaves ``--data`` and ``--nc`` out, for a test that names its own data (``--nc`` then
+    follows the data, as for a user)."""
+    flags = train_args(tiny(**changes))
+    if not data_flags:
+        pairs = [flags[i:i + 2] for i in range(0, len(flags), 2)]
+        flags = [word for pair in pairs if pair[0] not in ("--data", "--nc") for word in pair]
+    return [*flags, "--no-progress"]
 
 
 def train_args(config: TrainConfig) -> list[str]:
     """The ``functional-gan train`` flags that describe ``config`` (every field that differs from the CLI's default)."""
-    from functional_gan.config import config_for_loss
+    from functional_gan.losses import config_for_loss
     from functional_gan.main import build_parser
 
     cli = build_parser("train").parse_args(["train"])

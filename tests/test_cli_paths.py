@@ -3,11 +3,11 @@
 import pytest
 
 from functional_gan.main import main
+from tests.helpers import tiny_flags
 
 # A path below a regular file: no folder can be made there, whatever the user's permissions.
 COMMANDS = {
-    "train": lambda bad, tmp: ["train", "--data", "fake", "--steps", "1", "--batch-size", "4", "--image-size", "32",
-                               "--ngf", "4", "--ndf", "4", "--no-progress", "--out", str(bad)],
+    "train": lambda bad, tmp: ["train", *tiny_flags(steps=1), "--out", str(bad)],
     "sample": lambda bad, tmp: ["sample", "--generator", str(tmp / "G.pt"), "--num", "4", "--out", str(bad / "grid.png")],
     "export": lambda bad, tmp: ["export", "--checkpoint", str(tmp / "run"), "--generator", str(bad / "G.pth")],
     "lessons": lambda bad, tmp: ["lessons", "detach", "--markdown", str(bad / "lessons.md")],
@@ -35,9 +35,7 @@ def test_an_unusable_path_is_one_line_and_exit_2(command, tmp_path, capsys):
         torch.save(net_g.state_dict(), tmp_path / "G.pt")
         torch.save(net_d.state_dict(), tmp_path / "D.pt")
     if command == "export":
-        assert main(["train", "--data", "fake", "--steps", "1", "--checkpoint-every", "1", "--batch-size", "4",
-                     "--image-size", "32", "--ngf", "4", "--ndf", "4", "--nz", "4", "--no-progress",
-                     "--out", str(tmp_path / "run")]) == 0
+        assert main(["train", *tiny_flags(steps=1, checkpoint_every=1), "--out", str(tmp_path / "run")]) == 0
         capsys.readouterr()
     code = main(COMMANDS[command](blocker / "sub", tmp_path))
     err = capsys.readouterr().err.strip().splitlines()

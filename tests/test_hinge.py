@@ -7,11 +7,13 @@ import pytest
 
 from functional_gan.comparisons import reference_runs
 from functional_gan.comparisons.common import compare_trajectory
-from functional_gan.config import ConfigError, config_for_loss
+from functional_gan.config import ConfigError
+from functional_gan.losses import config_for_loss
 from functional_gan.losses import LOSSES
 from functional_gan.main import main
+from tests.helpers import tiny, tiny_flags
 
-SMALL = dataclasses.replace(config_for_loss("hinge"), nz=8, ngf=4, ndf=4, nc=3, image_size=32, batch_size=4, steps=8, seed=1)
+SMALL = tiny(loss="hinge", steps=8, seed=1)
 
 
 @pytest.mark.parametrize("n_critic", [1, 2])
@@ -32,8 +34,8 @@ def test_the_entry_is_what_the_step_and_the_command_line_read(tmp_path, capsys):
     with pytest.raises(ConfigError, match="--gp-weight"):
         config_for_loss("hinge", gp_weight=3.0)
     run = tmp_path / "run"
-    assert main(["train", "--loss", "hinge", "--data", "digits", "--out", str(run), "--steps", "4", "--batch-size", "8",
-                 "--image-size", "32", "--ngf", "4", "--ndf", "4", "--log-every", "2", "--no-progress"]) == 0
+    assert main(["train", *tiny_flags(loss="hinge", data="digits", nc=1, steps=4, batch_size=8, log_every=2),
+                 "--out", str(run)]) == 0
     out = capsys.readouterr().out
     assert "Critic (hinge)" in out and "D(x):" in out
     assert (run / "loss.png").exists() and len((run / "metrics.jsonl").read_text().splitlines()) == 4

@@ -138,7 +138,9 @@ def test_cli_runs_a_lesson_and_writes_markdown(tmp_path, capsys):
 
 
 def test_cli_rejects_an_unknown_lesson(capsys):
-    assert main(["lessons", "no_such_lesson"]) == 2
+    with pytest.raises(SystemExit) as refused:  # a usage error, from argparse: exit status 2
+        main(["lessons", "no_such_lesson"])
+    assert refused.value.code == 2
     assert "unknown lesson" in capsys.readouterr().err
 
 

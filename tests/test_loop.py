@@ -14,7 +14,7 @@ from functional_gan.data import ImageDataset, make_fake
 from functional_gan.loop import NonFiniteLossError, train
 from functional_gan.main import main
 
-from tests.helpers import tiny
+from tests.helpers import tiny, tiny_flags
 
 TINY = tiny(steps=6, log_every=2, sample_every=3, checkpoint_every=3)
 
@@ -75,8 +75,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
 
 def test_cli_train_then_sample(tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(["train", "--data", "fake", "--out", str(run), "--steps", "2", "--batch-size", "4", "--image-size", "32",
-                 "--nz", "8", "--ngf", "4", "--ndf", "4", "--sample-every", "2", "--no-progress"])
+    code = main(["train", *tiny_flags(steps=2, sample_every=2), "--out", str(run)])
     assert code == 0
     assert main(["sample", "--checkpoint", str(run), "--out", str(tmp_path / "grid.png"), "--num", "16"]) == 0
     grid = Image.open(tmp_path / "grid.png")
@@ -111,3 +110,27 @@ def test_sample_from_missing_or_corrupt_checkpoint_is_a_clear_error(tmp_path, ca
     error = capsys.readouterr().err
     assert "no good checkpoint" in error and "checkpoint at iteration 3: file state/" in error
     assert not (tmp_path / "g.png").exists()
+
+
+def test_progress_written_to_a_file_is_a_plain_line_every_five_percent(tmp_path, capsys):
+    # capsys's stderr is not a terminal, as a CI log or `nohup`'s file: no tqdm frames joined by carriage returns.
+    flags = [flag for flag in tiny_flags(steps=40, log_every=40) if flag != "--no-progress"]
+    assert main(["train", *flags, "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("training: ")]
+    assert "\r" not in err
+    assert [line.split()[1] for line in lines] == [f"{step}/40" for step in range(2, 41, 2)]  # 20 lines, every 2 of 40
+    assert lines[-1].startswith("training: 40/40 it (100%), ") and "loss_d=" in lines[-1]
+
+
+def test_line_progress_resumes_at_its_next_stride_and_closes_with_the_last_count():
+    import io
+
+    from functional_gan.progress import LineProgress
+
+    out = io.StringIO()
+    with LineProgress(total=100, desc="bench", unit="it", initial=12, file=out) as bar:
+        for _ in range(30):
+            bar.update(1)
+    assert [line.split()[1] for line in out.getvalue().splitlines()] == ["15/100", "20/100", "25/100", "30/100",
+                                                                           "35/100", "40/100", "42/100"]

@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 
 from functional_gan import checkpoints
-from tests.helpers import free_port, run_grids, tree_allclose
+from tests.helpers import free_port, run_grids, tiny_flags, tree_allclose
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_TIMEOUT = 5  # seconds; short so that the tests are quick (the default is 60)
 # 24 iterations, a checkpoint every 3: 8 checkpoints, 5 of them deleted along the way (3 are kept).
-ARGS = ["--steps", "24", "--batch-size", "8", "--image-size", "32", "--nz", "8", "--ngf", "4",
-        "--ndf", "4", "--checkpoint-every", "3", "--sample-every", "6", "--log-every", "6", "--no-progress",
+ARGS = [*tiny_flags(data_flags=False, steps=24, batch_size=8, checkpoint_every=3, sample_every=6, log_every=6),
         "--peer-timeout", str(PEER_TIMEOUT), "--join-timeout", "60"]
 
 

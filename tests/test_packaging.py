@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # of the package's top folder but the command line, which imports everything.
 JAX_LIBRARY = tuple(sorted(p.stem for p in (ROOT / "functional_gan").glob("*.py") if p.stem not in ("__init__", "main")))
 ABOVE = ("functional_gan.pytorch", "functional_gan.lessons", "functional_gan.site", "functional_gan.comparisons", "functional_gan.benchmarks",
-         "functional_gan.main")
+         "functional_gan.main", "functional_gan.cli")
+# The installed package's modules: its own folder, and comparisons/ and benchmarks/ installed inside it.
+FOLDERS = {"functional_gan": ROOT / "functional_gan", "functional_gan.comparisons": ROOT / "comparisons",
+           "functional_gan.benchmarks": ROOT / "benchmarks"}
 
 
 def _imports(nodes) -> set[str]:
@@ -36,6 +39,59 @@ def test_the_jax_library_imports_nothing_from_the_layers_above_it(module):
     # torch itself only inside a function, where reading PyTorch's own file format needs it (convert's .pt files).
     at_module_level = _imports(tree.body)
     assert not {name for name in at_module_level if name == "torch" or name.startswith("torch.")}, at_module_level
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every module of the package → the package's modules it imports, at module level or inside a function."""
+    modules = {}
+    for package, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+            modules[".".join([package, *parts])] = path
+
+    def owner(name: str) -> str | None:
+        name = name.replace("comparisons.", "functional_gan.comparisons.", 1) if name.startswith("comparisons.") else name
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                # `from package import submodule` is an arrow to the submodule; `from module import name`, to the module.
+                targets |= {f"{base}.{a.name}" if owner(f"{base}.{a.name}") == f"{base}.{a.name}" else base
+                            for a in node.names}
+        graph[module] = {owner(t) for t in targets if owner(t) not in (None, module, "functional_gan")}
+    return graph
+
+
+def test_the_modules_import_each_other_without_a_circle():
+    # Lazy imports inside functions count too: a circle through one is still a circle in the design.
+    graph = _import_graph()
+    assert {"functional_gan.cli.train", "functional_gan.benchmarks.report", "functional_gan.loop"} <= set(graph)
+    done, path = set(), []
+
+    def visit(module):
+        if module in path:
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(module):] + [module]))
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(graph[module]):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
 
 
 def test_a_training_step_runs_with_torch_unimportable(tmp_path):

@@ -19,10 +19,10 @@ from functional_gan.benchmarks.celeba_like import make_folder
 from functional_gan.data import DataError, Dataset, ImageDataset, load_array, load_dataset, load_image_folder
 from functional_gan.main import main
 from functional_gan.pipeline import Batches, InputPipelineError
-from tests.helpers import run_grids, tree_allclose
+from tests.helpers import run_grids, tiny_flags, tree_allclose
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--batch-size", "8", "--image-size", "32", "--nz", "8", "--ngf", "4", "--ndf", "4", "--no-progress"]
+TINY_FLAGS = tiny_flags(data_flags=False, batch_size=8)  # each test names its data
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_a_process_reads_only_its_rows(folder):
 def test_unreadable_files_met_mid_run_are_skipped_named_once_and_resume_exactly(tmp_path, folder):
     data = _with_bad_files(folder, tmp_path / "bad")
     run = tmp_path / "run"
-    args = ["train", "--data", str(data), "--out", str(run), "--steps", "10", *TINY, "--workers", "1",
+    args = ["train", "--data", str(data), "--out", str(run), "--steps", "10", *TINY_FLAGS, "--workers", "1",
             "--checkpoint-every", "5", "--sample-every", "5"]
     process = subprocess.run([sys.executable, "-m", "functional_gan.main", *args], capture_output=True, text=True,
                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
@@ -94,7 +94,7 @@ def test_unreadable_files_met_mid_run_are_skipped_named_once_and_resume_exactly(
 def test_sigkill_then_resume_on_a_folder_run_is_bit_identical(tmp_path, folder):
     from functional_gan import checkpoints
 
-    args = ["--data", str(folder), "--steps", "8", *TINY, "--workers", "1", "--checkpoint-every", "4",
+    args = ["--data", str(folder), "--steps", "8", *TINY_FLAGS, "--workers", "1", "--checkpoint-every", "4",
             "--sample-every", "2", "--log-every", "2"]
     straight = tmp_path / "straight"
     assert main(["train", *args, "--out", str(straight)]) == 0
@@ -145,7 +145,7 @@ def _children(pid: int) -> set[int]:
 def test_stopping_a_run_leaves_no_worker_process_behind(tmp_path, folder, stop):
     process = subprocess.Popen(
         [sys.executable, "-m", "functional_gan.main", "train", "--data", str(folder), "--out", str(tmp_path / "run"),
-         "--steps", "100000", *TINY, "--workers", "2", "--log-every", "1"],
+         "--steps", "100000", *TINY_FLAGS, "--workers", "2", "--log-every", "1"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     for line in process.stdout:  # wait until training runs, with its workers started
@@ -210,6 +210,6 @@ def test_bad_npy_arrays_are_refused_with_a_clear_message(tmp_path, capsys, conte
         path.write_bytes(content)
     with pytest.raises(DataError, match=message):
         load_array(path, 32, 3)
-    assert main(["train", "--data", str(path), "--out", str(tmp_path / "run"), *TINY]) == 2
+    assert main(["train", "--data", str(path), "--out", str(tmp_path / "run"), *TINY_FLAGS]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "run").exists()

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from functional_gan.config import ConfigError, TrainConfig
-from functional_gan.train import data_parallel_mesh
-from tests.helpers import free_port
+from functional_gan.distributed import data_parallel_mesh
+from tests.helpers import free_port, tiny_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,8 @@ _SCRIPT = r"""
 import json, jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_enable_x64", True)
 from functional_gan.config import TrainConfig
-from functional_gan.train import batch_sharding, data_parallel_mesh, init_state, make_train_step, replicated
+from functional_gan.distributed import batch_sharding, data_parallel_mesh, replicated
+from functional_gan.train import init_state, make_train_step
 assert len(jax.devices()) == 4, jax.devices()
 config = TrainConfig(batch_size=8, image_size=32, nz=8, ngf=4, ndf=4, devices=4)
 mesh = data_parallel_mesh(config)
@@ -77,8 +78,7 @@ def test_a_batch_that_does_not_split_over_the_devices_is_refused():
 def test_cli_refuses_more_devices_than_there_are(tmp_path, capsys):
     from functional_gan.main import main
 
-    code = main(["train", "--data", "fake", "--out", str(tmp_path / "run"), "--steps", "1", "--batch-size", "4",
-                 "--image-size", "32", "--ngf", "4", "--ndf", "4", "--devices", "3", "--no-progress"])
+    code = main(["train", *tiny_flags(steps=1, devices=3), "--out", str(tmp_path / "run")])
     assert code == 2 and "only 1 local device" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
@@ -88,9 +88,8 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
     """`train` over 2 processes × 2 CPU devices (gloo collectives on 127.0.0.1) = 1 process × 4 devices."""
     from functional_gan import checkpoints
 
-    args = ["-m", "functional_gan.main", "train", "--data", "fake", "--steps", "6", "--batch-size", "8",
-            "--image-size", "32", "--nz", "8", "--ngf", "4", "--ndf", "4", "--checkpoint-every", "3",
-            "--sample-every", "3", "--log-every", "3", "--no-progress"]
+    args = ["-m", "functional_gan.main", "train",
+            *tiny_flags(steps=6, batch_size=8, checkpoint_every=3, sample_every=3, log_every=3)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     port = free_port()
     two = [subprocess.Popen([sys.executable, *args, "--out", str(tmp_path / "two"), "--coordinator", f"127.0.0.1:{port}",

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from functional_gan import convert, losses
-from functional_gan.config import ConfigError, config_for_loss
+from functional_gan.config import ConfigError
+from functional_gan.losses import config_for_loss
 from functional_gan.data import make_fake
 from functional_gan.loop import train
 from functional_gan.main import main
@@ -23,9 +24,9 @@ from functional_gan.pytorch import dcgan, wgan_gp
 from functional_gan.replay import ReplayInputError, replay, state_from_state_dicts
 from functional_gan.train import init_state, make_gan_step, make_models
 
-from .helpers import max_state_difference, nchw_to_nhwc
+from .helpers import max_state_difference, nchw_to_nhwc, tiny, tiny_flags
 
-SMALL = dataclasses.replace(config_for_loss("wgan-gp"), nz=8, ngf=4, ndf=4, nc=3, image_size=32, batch_size=4, seed=3)
+SMALL = tiny(loss="wgan-gp", seed=3)
 
 
 def _torch_models(config=SMALL):
@@ -144,7 +145,7 @@ def test_generator_updates_every_n_critic_th_iteration_and_nothing_of_g_moves_be
 def test_bce_with_n_critic_keeps_ds_running_statistics_of_the_skipped_g_pass_out():
     """n_critic applies to the tutorial's loss too: on an iteration without a G step, D sees real
     and fake once each (num_batches_tracked + 2, as a PyTorch loop that skips the G step), not 3."""
-    config = dataclasses.replace(config_for_loss("bce", n_critic=2), nz=8, ngf=4, ndf=4, image_size=32, batch_size=4)
+    config = tiny(loss="bce", n_critic=2)
     state = init_state(config)
     step = make_gan_step(config)
     counts = []
@@ -196,8 +197,7 @@ def test_training_resumes_bit_identically_and_exports_a_critic_pytorch_loads(tmp
 
 def test_cli_trains_wgan_gp_with_its_defaults_and_critic_stats_line(tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(["train", "--loss", "wgan-gp", "--data", "fake", "--out", str(run), "--steps", "5", "--batch-size", "4",
-                 "--image-size", "32", "--nz", "8", "--ngf", "4", "--ndf", "4", "--log-every", "5", "--no-progress"])
+    code = main(["train", *tiny_flags(loss="wgan-gp", steps=5, log_every=5), "--out", str(run)])
     assert code == 0
     saved = json.loads((run / "config.json").read_text())
     assert (saved["loss"], saved["lr"], saved["beta1"], saved["beta2"], saved["n_critic"], saved["gp_weight"]) == (

@@ -95,7 +95,31 @@ class DStep(NamedTuple):
     fake: torch.Tensor
 
 
-def d_step(net_g, net_d, criterion, real, noise, detach: bool = True, backward: bool = True) -> DStep:
+class IterationHooks:
+    """Points of the tutorial's iteration where a caller may look (or, for teacher forcing, change D) without
+    retyping it: the divergence finder records every intermediate through them. Every method does nothing here."""
+
+    def before_pass(self, name: str) -> None:
+        """A forward pass starts: "D(real)", "G", "D(fake.detach())", then "D updated (fake)" (the G step's)."""
+
+    def before_d_step(self, net_d, d: DStep) -> None:
+        """D's losses are backpropagated (its gradients in ``.grad``); ``optimizerD.step()`` comes next."""
+
+    def after_d_step(self, net_d) -> None:
+        """D has been updated; the G step comes next (it may load another D here)."""
+
+    def before_g_step(self, net_g, err_g) -> None:
+        """errG is backpropagated (G's gradients in ``.grad``); ``optimizerG.step()`` comes next."""
+
+    def after_g_step(self, net_g, net_d) -> None:
+        """The iteration is done."""
+
+
+NO_HOOKS = IterationHooks()
+
+
+def d_step(net_g, net_d, criterion, real, noise, detach: bool = True, backward: bool = True,
+           hooks: IterationHooks = NO_HOOKS) -> DStep:
     """The tutorial's step (1): ``errD_real`` on the real batch, then ``netD(fake.detach())``.
 
     With ``backward`` each loss is backpropagated as the tutorial does (gradients accumulate in
@@ -104,12 +128,15 @@ def d_step(net_g, net_d, criterion, real, noise, detach: bool = True, backward: 
     """
     b_size = real.size(0)
     label = torch.full((b_size,), REAL_LABEL, dtype=real.dtype)
+    hooks.before_pass("D(real)")
     output_real = net_d(real).view(-1)
     err_d_real = criterion(output_real, label)
     if backward:
         err_d_real.backward()
+    hooks.before_pass("G")
     fake = net_g(noise)
     label = torch.full((b_size,), FAKE_LABEL, dtype=real.dtype)
+    hooks.before_pass("D(fake.detach())" if detach else "D(fake)")
     output_fake = net_d(fake.detach() if detach else fake).view(-1)
     err_d_fake = criterion(output_fake, label)
     if backward:
@@ -117,20 +144,29 @@ def d_step(net_g, net_d, criterion, real, noise, detach: bool = True, backward: 
     return DStep(err_d_real, err_d_fake, output_real, output_fake, fake)
 
 
-def tutorial_iteration(net_g, net_d, optimizer_g, optimizer_d, criterion, real, noise, detach=True):
-    """One iteration of the tutorial's loop, in its order. Returns (errD, errG, D_x, D_G_z1, D_G_z2) as floats."""
+def tutorial_iteration(net_g, net_d, optimizer_g, optimizer_d, criterion, real, noise, detach=True,
+                       hooks: IterationHooks = NO_HOOKS):
+    """One iteration of the tutorial's loop, in its order. Returns (errD, errG, D_x, D_G_z1, D_G_z2) as floats.
+
+    ``hooks`` (:class:`IterationHooks`) are called at the iteration's points, e.g. by the divergence finder.
+    """
     # (1) Update D network: maximize log(D(x)) + log(1 - D(G(z)))
     net_d.zero_grad()
-    d = d_step(net_g, net_d, criterion, real, noise, detach)
+    d = d_step(net_g, net_d, criterion, real, noise, detach, hooks=hooks)
     err_d = d.err_d_real + d.err_d_fake
+    hooks.before_d_step(net_d, d)
     optimizer_d.step()
+    hooks.after_d_step(net_d)
     # (2) Update G network: maximize log(D(G(z)))
     net_g.zero_grad()
     label = torch.full((real.size(0),), REAL_LABEL, dtype=real.dtype)
+    hooks.before_pass("D updated (fake)")
     output = net_d(d.fake).view(-1)
     err_g = criterion(output, label)
     err_g.backward()
+    hooks.before_g_step(net_g, err_g)
     optimizer_g.step()
+    hooks.after_g_step(net_g, net_d)
     return err_d.item(), err_g.item(), d.output_real.mean().item(), d.output_fake.mean().item(), output.mean().item()
 
 

@@ -1,0 +1,445 @@
+"""The benchmark's workloads, each timed in JAX and PyTorch on the same work: the matmul peak, the DCGAN step,
+sampling, the linear regression, each convolution of the step (whole and by pass), BatchNorm + activation, and
+the command line's start-up. The layers come from the models themselves (:func:`network_layers`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from functional_gan.benchmarks.timing import (
+    Context,
+    Record,
+    blocking,
+    interleaved_times,
+    jax_memory,
+    torch_peak_memory,
+    torch_sync,
+    xla_flops,
+)
+from functional_gan.config import TrainConfig
+
+
+def matmul_peak(ctx: Context, when: str, n: int = 2048) -> list[Record]:
+    """A large float32 matmul in each framework: the practical ceiling of the machine."""
+    import torch
+
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
+    jax_matmul = jax.jit(lambda x: x @ x)
+    jax_matmul(a).block_until_ready()
+    t = torch.tensor(np.asarray(a), device=ctx.torch_device)
+
+    def torch_matmul():
+        t @ t
+        torch_sync(ctx.torch_device)
+
+    times = interleaved_times({"jax": blocking(lambda: jax_matmul(a)), "torch": torch_matmul}, max(ctx.repeats, 5))
+    flops = 2.0 * n**3
+    for name, ts in times.items():  # the run's best: a machine that slows down for a while does not lower it
+        ctx.peak[name] = max(ctx.peak.get(name, 0.0), flops / statistics.median(ts))
+    return [ctx.record(f"matmul_2048 ({when})", "jax_jit", n, times["jax"], flops=flops),
+            ctx.record(f"matmul_2048 ({when})", "torch_eager", n, times["torch"], flops=flops)]
+
+
+def dcgan_step(ctx: Context, config: TrainConfig, batch: int, scan_steps: int) -> list[Record]:
+    """One training iteration of the tutorial's DCGAN in each framework, on the same resident batch."""
+    from functional_gan.pytorch import counting
+
+    config = dataclasses.replace(config, batch_size=batch)
+    real_NCHW = np.random.default_rng(0).uniform(-1, 1, (batch, config.nc, config.image_size, config.image_size))
+    real_NCHW = real_NCHW.astype(np.float32)
+    jax_runs, records = _jax_steps(ctx, config, real_NCHW, scan_steps)
+    torch_runs, torch_records, torch_memory = _torch_steps(ctx, config, real_NCHW)
+    times = interleaved_times({**jax_runs, **torch_runs}, ctx.repeats)
+    torch_records["torch_eager"]["peak_memory_bytes"] = torch_memory()  # after the warm-up: Adam's states exist
+    flops = float(counting.tutorial_iteration_flops(config, batch))
+    out = []
+    for framework, fields in {**records, **torch_records}.items():
+        per_call = times.get(framework)
+        if framework == "jax_scan" and per_call:
+            per_call = [t / scan_steps for t in per_call]
+        out.append(ctx.record("dcgan_step", framework, batch, per_call, flops=flops if per_call else None, **fields))
+    return out
+
+
+def _jax_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray, scan_steps: int):
+    """The jitted training step, and K of them in one ``lax.scan``: {name: run}, {name: record fields}."""
+    from functional_gan.train import init_state, make_train_step, step_function
+
+    real_NHWC = jax.device_put(jnp.asarray(real_NCHW.transpose(0, 2, 3, 1)))
+    # K steps in one program: lax.scan of the training step itself over a stack of K resident batches, unrolled.
+    # XLA:CPU runs the rolled form (a while loop around the step) far slower per step (measure: this workload with
+    # `unroll=False` against the `jax_jit` row, e.g. `functional-gan bench --batch-sizes 16`).
+    stacked = jax.device_put(jnp.broadcast_to(real_NHWC, (scan_steps, *real_NHWC.shape)))
+    step = step_function(config)
+    programs = {
+        "jax_jit": (make_train_step(config), real_NHWC),
+        "jax_scan": (jax.jit(lambda state, batches: jax.lax.scan(step, state, batches, unroll=True)), stacked),
+    }
+    runs, records = {}, {}
+    for name, (program, data) in programs.items():
+        state = init_state(config)
+        start = time.perf_counter()
+        compiled = program.lower(state, data).compile()
+        compile_s = time.perf_counter() - start
+        holder = {"state": state}
+
+        def run(compiled=compiled, holder=holder, data=data):
+            holder["state"], metrics = compiled(holder["state"], data)
+            return metrics
+
+        runs[name] = blocking(run)
+        records[name] = dict(compile_s=compile_s, xla_flops=xla_flops(compiled), peak_memory_bytes=jax_memory(compiled))
+    # Per step: XLA's count for one step stands for the scan's too.
+    records["jax_scan"].update(xla_flops=records["jax_jit"]["xla_flops"],
+                               note=f"{scan_steps} steps per call (lax.scan, unrolled); time per step")
+    return runs, records
+
+
+def _torch_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray):
+    """The tutorial's iteration in PyTorch eager (and under ``torch.compile``): {name: run}, {name: record fields},
+    and a function that measures the eager step's peak memory."""
+    import torch
+
+    from functional_gan.pytorch import dcgan
+
+    device = ctx.torch_device
+    net_g, net_d = dcgan.make_models(config)
+    net_g, net_d = net_g.to(device), net_d.to(device)
+    opt_g, opt_d = dcgan.make_optimizers(net_g, net_d, config)
+    criterion = torch.nn.BCELoss()
+    real_t = torch.from_numpy(real_NCHW).to(device)
+
+    def torch_step(g=net_g, d=net_d):
+        noise = torch.randn(real_t.shape[0], config.nz, 1, 1, device=device)
+        dcgan.tutorial_iteration(g, d, opt_g, opt_d, criterion, real_t, noise)
+        torch_sync(device)
+
+    def memory() -> int:
+        return torch_peak_memory(lambda: torch_step(), device, list(net_g.parameters()) + list(net_d.parameters()) + [real_t])
+
+    runs, records = {"torch_eager": torch_step}, {"torch_eager": {}}
+    if not ctx.with_torch_compile:
+        return runs, records, memory
+    try:
+        compiled_g, compiled_d = torch.compile(net_g), torch.compile(net_d)
+        start = time.perf_counter()
+        torch_step(compiled_g, compiled_d)
+        records["torch_compile"] = dict(compile_s=time.perf_counter() - start, note="compile_s: the first call")
+        runs["torch_compile"] = lambda: torch_step(compiled_g, compiled_d)
+    except Exception as error:  # no C++ compiler, unsupported platform ...
+        records["torch_compile"] = dict(note=f"torch.compile could not run: {type(error).__name__}: {str(error)[:200]}")
+    return runs, records, memory
+
+
+def sampling(ctx: Context, config: TrainConfig, num: int = 64) -> list[Record]:
+    """G's forward on 64 noise vectors (the tutorial's fixed-noise grid)."""
+    import torch
+
+    from functional_gan.pytorch import counting, dcgan
+    from functional_gan.train import fixed_noise, init_state, make_sampler
+
+    state = init_state(config)
+    noise = fixed_noise(config, num)
+    start = time.perf_counter()
+    sampler = make_sampler(config).lower(state, noise).compile()
+    compile_s = time.perf_counter() - start
+    net_g, _ = dcgan.make_models(config)
+    net_g = net_g.to(ctx.torch_device)
+    noise_t = torch.as_tensor(np.asarray(noise)[:, :, None, None], device=ctx.torch_device)
+
+    def torch_sample():
+        with torch.no_grad():
+            net_g(noise_t)
+        torch_sync(ctx.torch_device)
+
+    times = interleaved_times({"jax": blocking(lambda: sampler(state, noise)), "torch": torch_sample}, ctx.repeats)
+    flops, _ = counting.count(torch_sample)
+    return [ctx.record("sampling", "jax_jit", num, times["jax"], compile_s, float(flops), xla_flops(sampler), jax_memory(sampler)),
+            ctx.record("sampling", "torch_eager", num, times["torch"], None, float(flops))]
+
+
+def linear_regression(ctx: Context) -> list[Record]:
+    """The book's 1000 full-batch epochs: one jitted lax.scan against PyTorch's eager loop."""
+    import torch
+
+    from functional_gan import linreg
+    from functional_gan.pytorch import linreg as torch_linreg
+
+    data = linreg.make_data()
+    x, y = jnp.asarray(data.x_train, jnp.float32), jnp.asarray(data.y_train, jnp.float32)
+    b0, w0 = linreg.initial_parameters()
+    params = {"b": jnp.float32(b0), "w": jnp.float32(w0)}
+
+    def run(params):
+        def epoch(params, _):
+            grads = jax.grad(linreg.mse_loss)(params, x, y)
+            return jax.tree_util.tree_map(lambda p, g: p - linreg.LEARNING_RATE * g, params, grads), None
+
+        return jax.lax.scan(epoch, params, None, length=linreg.EPOCHS)[0]
+
+    start = time.perf_counter()
+    compiled = jax.jit(run).lower(params).compile()
+    compile_s = time.perf_counter() - start
+    times = interleaved_times(
+        {"jax": blocking(lambda: compiled(params)), "torch": lambda: torch_linreg.train_backward(data, dtype=torch.float32)},
+        ctx.repeats,
+    )
+    note = "1000 epochs per call; FlopCounterMode counts no elementwise work, so no FLOPs"
+    return [ctx.record("linreg_1000_epochs", "jax_jit", 80, times["jax"], compile_s, note=note + "; all epochs one lax.scan"),
+            ctx.record("linreg_1000_epochs", "torch_eager", 80, times["torch"], note=note + "; backward() + no_grad update")]
+
+
+class ConvLayer(NamedTuple):
+    """One convolution of the step, as the model calls it."""
+
+    name: str  # e.g. "G main.3 ConvT 512→256 4→8": the network, PyTorch's layer name, the op, channels and size
+    transposed: bool
+    cin: int
+    cout: int
+    size: int  # input height (= width)
+    stride: int
+    padding: int
+
+
+class GlueLayer(NamedTuple):
+    """A BatchNorm and the activation after it: the elementwise and reduction work between the convolutions."""
+
+    name: str  # e.g. "G main.1-2 BatchNorm+ReLU 512@4×4"
+    channels: int
+    size: int
+    activation: str  # "relu" (G) or "leaky_relu" (D)
+
+
+def network_layers(config: TrainConfig) -> tuple[list[ConvLayer], list[GlueLayer]]:
+    """The convolutions and BatchNorm + activation pairs of the config's G and D, in the order they run, read off
+    the models by tracing them (``flax.linen.intercept_methods``; shapes only, nothing computed)."""
+    import flax.linen as nn
+
+    from functional_gan.layers import BatchNorm2d, Conv2d, ConvTranspose2d
+    from functional_gan.train import make_models
+
+    convs, glue_layers = [], []
+    net = {}
+
+    def interceptor(next_fun, args, kwargs, context):
+        out = next_fun(*args, **kwargs)
+        module = context.module
+        if context.method_name != "__call__" or not isinstance(module, (Conv2d, ConvTranspose2d, BatchNorm2d)):
+            return out
+        index, size = int(module.name.removeprefix("main_")), args[0].shape[1]
+        if isinstance(module, BatchNorm2d):
+            act = ("ReLU", "relu") if net["name"] == "G" else ("LeakyReLU", "leaky_relu")
+            glue_layers.append(GlueLayer(f"{net['name']} main.{index}-{index + 1} BatchNorm+{act[0]} "
+                                         f"{module.num_features}@{size}×{size}", module.num_features, size, act[1]))
+        else:
+            transposed = isinstance(module, ConvTranspose2d)
+            convs.append(ConvLayer(f"{net['name']} main.{index} {'ConvT' if transposed else 'Conv'} {module.in_channels}→"
+                                   f"{module.out_channels} {size}→{out.shape[1]}", transposed, module.in_channels,
+                                   module.out_channels, size, module.stride, module.padding))
+        return out
+
+    generator, discriminator = make_models(config)
+    images = jax.ShapeDtypeStruct((1, config.image_size, config.image_size, config.nc), jnp.float32)
+    with nn.intercept_methods(interceptor):
+        net["name"] = "G"
+        jax.eval_shape(generator.init, jax.random.key(0), jax.ShapeDtypeStruct((1, config.nz), jnp.float32))
+        net["name"] = "D"
+        jax.eval_shape(discriminator.init, jax.random.key(0), images)
+    return convs, glue_layers
+
+
+def _conv_case(rng, batch, transposed, cin, cout, size, stride, padding):
+    """One convolution of the step at ``batch``: NCHW input and PyTorch-layout kernel (NumPy), this project's op,
+    the JAX arrays (NHWC), the output's shape and an all-ones output cotangent."""
+    from functional_gan import layers as jax_layers
+
+    x = rng.normal(size=(batch, cin, size, size)).astype(np.float32)
+    w = (0.02 * rng.normal(size=(cin, cout, 4, 4) if transposed else (cout, cin, 4, 4))).astype(np.float32)
+    op = jax_layers.conv_transpose2d if transposed else jax_layers.conv2d
+    x_j, w_j = jnp.asarray(x.transpose(0, 2, 3, 1)), jnp.asarray(w)
+    y = jax.eval_shape(lambda a, b: op(a, b, stride, padding), x_j, w_j)
+    return x, w, op, x_j, w_j, y, jnp.ones(y.shape, y.dtype)
+
+
+def layers(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
+    """Forward + backward (input and kernel gradients) of each convolution of the step, JAX vs PyTorch."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    records = []
+    for name, transposed, cin, cout, size, stride, padding in network_layers(config)[0]:
+        x, w, op, x_j, w_j, y, cot = _conv_case(rng, batch, transposed, cin, cout, size, stride, padding)
+        start = time.perf_counter()
+        fwd_bwd = jax.jit(lambda a, b: jax.vjp(lambda a_, b_: op(a_, b_, stride, padding), a, b)[1](cot)).lower(x_j, w_j).compile()
+        compile_s = time.perf_counter() - start
+        torch_op = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
+        x_t = torch.tensor(x, requires_grad=True, device=ctx.torch_device)
+        w_t = torch.tensor(w, requires_grad=True, device=ctx.torch_device)
+        cot_t = torch.ones(tuple(np.asarray(y.shape)[[0, 3, 1, 2]]), device=ctx.torch_device)
+
+        def torch_fwd_bwd():
+            torch.autograd.grad(torch_op(x_t, w_t, stride=stride, padding=padding), (x_t, w_t), cot_t)
+            torch_sync(ctx.torch_device)
+
+        times = interleaved_times({"jax": blocking(lambda: fwd_bwd(x_j, w_j)), "torch": torch_fwd_bwd}, ctx.repeats)
+        flops = 3.0 * 2 * batch * cin * cout * 16 * (size * size if transposed else y.shape[1] * y.shape[2])
+        records.append(ctx.record(f"layer: {name}", "jax_jit", batch, times["jax"], compile_s, flops,
+                                  xla_flops(fwd_bwd), note="forward + input and kernel gradients"))
+        records.append(ctx.record(f"layer: {name}", "torch_eager", batch, times["torch"], None, flops))
+    return records
+
+
+def _torch_conv_pass(ctx, transposed, stride, padding, mask):
+    """One pass of PyTorch's convolution backward (the aten call autograd makes), restricted by ``mask``."""
+    import torch
+
+    def run(cot_t, x_t, w_t):
+        torch.ops.aten.convolution_backward(cot_t, x_t, w_t, None, [stride] * 2, [padding] * 2, [1, 1], transposed,
+                                            [0, 0], 1, mask)
+        torch_sync(ctx.torch_device)
+
+    return run
+
+
+def passes(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
+    """Each convolution of the step split into its three passes: forward, input gradient, kernel gradient.
+
+    JAX: each pass jitted alone (the unused parts of the VJP are dead code, removed by XLA); PyTorch: the forward
+    under ``no_grad`` and ``aten.convolution_backward`` with one gradient asked for, as autograd calls it.
+    """
+    import torch
+
+    rng = np.random.default_rng(0)
+    records = []
+    for name, transposed, cin, cout, size, stride, padding in network_layers(config)[0]:
+        x, w, op, x_j, w_j, y, cot = _conv_case(rng, batch, transposed, cin, cout, size, stride, padding)
+        jax_passes = {
+            "forward": jax.jit(lambda a, b: op(a, b, stride, padding)),
+            "input gradient": jax.jit(lambda a, b: jax.vjp(lambda a_: op(a_, b, stride, padding), a)[1](cot)[0]),
+            "kernel gradient": jax.jit(lambda a, b: jax.vjp(lambda b_: op(a, b_, stride, padding), b)[1](cot)[0]),
+        }
+        torch_op = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
+        x_t, w_t = torch.tensor(x, device=ctx.torch_device), torch.tensor(w, device=ctx.torch_device)
+        cot_t = torch.ones(tuple(np.asarray(y.shape)[[0, 3, 1, 2]]), device=ctx.torch_device)
+
+        def torch_forward():
+            with torch.no_grad():
+                torch_op(x_t, w_t, stride=stride, padding=padding)
+            torch_sync(ctx.torch_device)
+
+        torch_passes = {
+            "forward": torch_forward,
+            "input gradient": lambda m=_torch_conv_pass(ctx, transposed, stride, padding, [True, False, False]): m(cot_t, x_t, w_t),
+            "kernel gradient": lambda m=_torch_conv_pass(ctx, transposed, stride, padding, [False, True, False]): m(cot_t, x_t, w_t),
+        }
+        flops = 2.0 * batch * cin * cout * 16 * (size * size if transposed else y.shape[1] * y.shape[2])
+        for which, jitted in jax_passes.items():
+            start = time.perf_counter()
+            compiled = jitted.lower(x_j, w_j).compile()
+            compile_s = time.perf_counter() - start
+            times = interleaved_times({"jax": blocking(lambda c=compiled: c(x_j, w_j)), "torch": torch_passes[which]}, ctx.repeats)
+            workload = f"pass: {name} · {which}"
+            records.append(ctx.record(workload, "jax_jit", batch, times["jax"], compile_s, flops, xla_flops(compiled)))
+            records.append(ctx.record(workload, "torch_eager", batch, times["torch"], None, flops))
+    return records
+
+
+def glue(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
+    """Training-mode BatchNorm (running statistics updated) + activation, forward and backward (input, weight
+    and bias gradients), at each place of the step: this project's BatchNorm2d jitted against PyTorch's eager
+    ``F.batch_norm``."""
+    import torch
+    import torch.nn.functional as F
+
+    from functional_gan.layers import BatchNorm2d
+
+    rng = np.random.default_rng(0)
+    records = []
+    for name, channels, size, activation in network_layers(config)[1]:
+        x = rng.normal(size=(batch, channels, size, size)).astype(np.float32)
+        module = BatchNorm2d(channels)
+        x_j = jnp.asarray(x.transpose(0, 2, 3, 1))
+        variables = module.init(jax.random.key(0), x_j)
+        act = (lambda v: jax.nn.relu(v)) if activation == "relu" else (lambda v: jax.nn.leaky_relu(v, 0.2))
+
+        def forward(params, x_, stats=variables["batch_stats"], act=act, module=module):
+            y, updates = module.apply({"params": params, "batch_stats": stats}, x_, mutable=["batch_stats"])
+            return act(y), updates
+
+        def fwd_bwd(params, x_, forward=forward):
+            out, pullback, updates = jax.vjp(forward, params, x_, has_aux=True)
+            return pullback(jnp.ones_like(out)), updates
+
+        start = time.perf_counter()
+        compiled = jax.jit(fwd_bwd).lower(variables["params"], x_j).compile()
+        compile_s = time.perf_counter() - start
+        x_t = torch.tensor(x, requires_grad=True, device=ctx.torch_device)
+        w_t = torch.tensor(np.asarray(variables["params"]["weight"]), requires_grad=True, device=ctx.torch_device)
+        b_t = torch.zeros(channels, requires_grad=True, device=ctx.torch_device)
+        running_mean, running_var = torch.zeros(channels, device=ctx.torch_device), torch.ones(channels, device=ctx.torch_device)
+        torch_act = F.relu if activation == "relu" else (lambda v: F.leaky_relu(v, 0.2))
+
+        def torch_fwd_bwd():
+            y = torch_act(F.batch_norm(x_t, running_mean, running_var, w_t, b_t, training=True, momentum=0.1, eps=1e-5))
+            torch.autograd.grad(y, (x_t, w_t, b_t), torch.ones_like(y))
+            torch_sync(ctx.torch_device)
+
+        params = variables["params"]
+        times = interleaved_times({"jax": blocking(lambda c=compiled, p=params, a=x_j: c(p, a)), "torch": torch_fwd_bwd},
+                                  ctx.repeats)
+        workload = f"glue: {name}"
+        records.append(ctx.record(workload, "jax_jit", batch, times["jax"], compile_s,
+                                  note="forward + input, weight and bias gradients; running statistics updated"))
+        records.append(ctx.record(workload, "torch_eager", batch, times["torch"]))
+    return records
+
+
+def startup(ctx: Context, repeats: int = 3) -> list[Record]:
+    """Start-up of the command line, as a user meets it: wall time of whole processes.
+
+    ``functional-gan --help`` (it imports no JAX); ``sample`` of a 64×64 run's checkpoint (the tutorial's
+    widths) with an empty compilation cache (cold: every program compiled) and then with the cache it filled
+    (warm: programs loaded, as a second ``sample`` or ``train`` with the same shapes does). The run is one
+    training iteration on random images, made first in a temporary folder.
+    """
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    cli = [sys.executable, "-m", "functional_gan.main"]
+    records = []
+    with tempfile.TemporaryDirectory(prefix="functional-gan-startup-") as tmp:
+        env = {k: v for k, v in os.environ.items() if k not in ("FUNCTIONAL_GAN_NO_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+        env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
+        run_folder = Path(tmp) / "run"
+
+        def timed(args) -> float:
+            start = time.perf_counter()
+            done = subprocess.run(cli + args, env=env, capture_output=True, text=True)
+            seconds = time.perf_counter() - start
+            if done.returncode != 0:
+                raise RuntimeError(f"functional-gan {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+            return seconds
+
+        timed(["train", "--data", "fake", "--steps", "1", "--batch-size", "16", "--out", str(run_folder)])
+        help_times = [timed(["--help"]) for _ in range(repeats)]
+        records.append(ctx.record("startup: functional-gan --help", "cli", 0, help_times, note="no JAX imported"))
+        shutil.rmtree(Path(tmp) / "cache", ignore_errors=True)
+        sample = ["sample", "--checkpoint", str(run_folder), "--out", str(Path(tmp) / "grid.png")]
+        cold = [timed(sample)]
+        warm = [timed(sample) for _ in range(repeats)]
+        records.append(ctx.record("startup: sample 64 images, cold cache", "cli", 64, cold,
+                                  note="64×64 run, ngf = ndf = 64; every program compiled"))
+        records.append(ctx.record("startup: sample 64 images, warm cache", "cli", 64, warm,
+                                  note="the same command again: programs loaded from the persistent compilation cache"))
+    return records

@@ -1,0 +1,170 @@
+"""The commands that hold JAX against PyTorch: ``replay``, ``diverge``, ``check-port`` and ``compare``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from functional_gan.cli.flags import LOSS_FIELDS, OPTIMIZER_FIELDS, command, config_flags, loss_config
+from functional_gan.config import TrainConfig
+from functional_gan.errors import UserError, torch_side
+
+
+def _pytorch_run(p, when: str, batches: str, dtype: str, precision: str) -> None:
+    """The flags naming a PyTorch run: its two state_dicts, its batches, and the precision."""
+    p.add_argument("--generator", required=True, help=f"netG state_dict file{when}")
+    p.add_argument("--discriminator", required=True, help=f"netD state_dict file{when.split(' (')[0]}")
+    p.add_argument("--batches", required=True, help=f".npz with {batches}")
+    p.add_argument("--dtype", choices=("float32", "float64"), default=dtype, help=f"precision {precision}")
+
+
+def add_replay(subparsers) -> None:
+    p = command(subparsers, run_replay)
+    _pytorch_run(p, "", "'real' and 'noise' (and 'mix' for wgan-gp), NCHW as in PyTorch", "float32", "of the replay")
+    config_flags(p, LOSS_FIELDS)
+    p.add_argument("--out", required=True, help=".npz file for the per-step metrics")
+    p.add_argument("--out-generator", help="write the final netG state_dict here (.pt or .safetensors)")
+    p.add_argument("--out-discriminator", help="write the final netD state_dict here (.pt or .safetensors)")
+
+
+def run_replay(args) -> int:
+    """Replay a PyTorch DCGAN (or WGAN-GP) run step by step in JAX (state_dicts + the run's batches).
+
+    Reads the tutorial models' state_dicts (.pt/.pth via torch.load(weights_only=True), or .safetensors) and an .npz
+    with 'real' (steps, batch, nc, H, W) and 'noise' (steps, batch, nz, 1, 1), and for --loss wgan-gp 'mix' (steps,
+    batch), the penalty's interpolation weights; runs the iterations in JAX and writes per-step metrics (loss_d,
+    loss_g, d_x, d_g_z1, d_g_z2).
+    """
+    from functional_gan.replay import replay_files
+
+    settings = loss_config(args)
+    result = replay_files(args.generator, args.discriminator, args.batches, args.out, args.dtype, settings,
+                          args.out_generator, args.out_discriminator)
+    m, c = result.metrics, result.config
+    print(f"Replayed {len(m['loss_d'])} steps in {args.dtype} (image {c.image_size}, nz {c.nz}, ngf {c.ngf}, ndf {c.ndf}); "
+          f"last step: Loss_D {m['loss_d'][-1]:.4f}  Loss_G {m['loss_g'][-1]:.4f}  D(x) {m['d_x'][-1]:.4f}  "
+          f"D(G(z)) {m['d_g_z1'][-1]:.4f} / {m['d_g_z2'][-1]:.4f}")
+    print(f"Wrote {args.out}" + "".join(f", {p}" for p in (args.out_generator, args.out_discriminator) if p))
+    return 0
+
+
+def add_diverge(subparsers) -> None:
+    p = command(subparsers, run_diverge)
+    _pytorch_run(p, " at the start of the run (.pt/.pth or .safetensors)",
+                 "'real' (steps, batch, nc, H, W) and 'noise' (steps, batch, nz, 1, 1)", "float64", "of both sides")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="a fixed largest max|JAX − PyTorch| / max|PyTorch| per tensor instead of the default criterion "
+                   "(float64: 1e-10; float32: --k times PyTorch float32's own error on the same iteration)")
+    p.add_argument("--k", type=float, default=3.0,
+                   help="float32: how many times PyTorch's own float32 error (against PyTorch float64) the port may be off")
+    config_flags(p, OPTIMIZER_FIELDS, loss_dependent=False)
+
+
+def run_diverge(args) -> int:
+    """Find the first layer and stage where JAX and PyTorch differ in a DCGAN run.
+
+    Runs the tutorial's iterations in PyTorch and in JAX, each iteration from PyTorch's state (Adam included) on the
+    same batch and noise, and compares every intermediate in debugging order: forward (each layer of G, of D on
+    real, of D on fake) → losses → D's gradients → D's update and running statistics → the G step from PyTorch's
+    updated D (errG, G's gradients, update, running statistics). The JAX side is the training step's own parts. The
+    reference is PyTorch in float64; in float32 each quantity may be off by --k times PyTorch float32's own error on
+    the same iteration (updates judged from the same gradients). Prints the first quantity out of tolerance, with
+    both sides' values. Exit status 1 if one is. Needs the torch extra.
+    """
+    diverge = torch_side("functional_gan.comparisons.diverge", "the divergence finder")
+    if args.tolerance is not None and not args.tolerance > 0:
+        raise UserError(f"--tolerance must be positive, got {args.tolerance}")
+    if not args.k > 0:
+        raise UserError(f"--k must be positive, got {args.k}")
+    settings = TrainConfig(lr=args.lr, beta1=args.beta1, beta2=args.beta2).validate()
+    divergence, history = diverge.diverge_files(args.generator, args.discriminator, args.batches, args.dtype,
+                                                args.tolerance, settings, args.k)
+    print(diverge.format_divergence(divergence, history, args.dtype, args.tolerance, args.k))
+    return 0 if divergence is None else 1
+
+
+def add_check_port(subparsers) -> None:
+    p = command(subparsers, run_check_port)
+    p.add_argument("spec", metavar="SPEC.py", help="the spec file (its folder is importable from it)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision of the port under test")
+    p.add_argument("--steps", type=int, default=1, help="optimizer steps compared, each from PyTorch's state")
+    p.add_argument("--k", type=float, default=3.0, help="float32: the port may be this many times PyTorch's own error")
+    p.add_argument("--program", choices=("both", "jit", "eager"), default="both",
+                   help="the JAX program checked: compiled with jax.jit and op by op (judged: the compiled one), or one")
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
+
+
+def run_check_port(args) -> int:
+    """Check a JAX port (Flax Linen or NNX, Equinox, plain functions) of any PyTorch model: where it first leaves PyTorch.
+
+    Loads SPEC.py: torch_model(), example_inputs(), and the port: jax_model() returning a Flax Linen module, a Flax
+    NNX module or an Equinox module (PER_SAMPLE = True for one that acts on one sample), or jax_params() with
+    jax_apply(params, *inputs); optionally example_targets(), to_jax/from_jax, param_map, torch_loss/jax_loss,
+    torch_optimizer/jax_optimizer, TRAIN. Moves the PyTorch weights into the port and compares, in debugging order,
+    each layer's output, the output, the loss, every gradient, every parameter after one optimizer step and every
+    buffer, for --steps steps (each from PyTorch's state). The port runs compiled with jax.jit (as training runs it;
+    judged) and op by op; a difference in one of them alone is named as a JAX/XLA matter. PyTorch in float64 is the
+    reference; in float32 a quantity passes when the port is within k times PyTorch float32's own error. Exit status
+    0: agreement; 1: a divergence (named: a value out of tolerance, or a shape that differs); 2: a spec it cannot
+    use (a missing function, a weight that cannot be paired, a param_map that is not a dict, a port that computes in
+    another dtype than --dtype). Needs the torch extra (and equinox for Equinox ports). Examples: examples/port/.
+    """
+    port = torch_side("functional_gan.comparisons.port", "check-port")
+    if not args.k > 0:
+        raise UserError(f"--k must be positive, got {args.k}")
+    programs = port.PROGRAMS if args.program == "both" else (args.program,)
+    report = port.check_port(port.load_spec(args.spec), args.dtype, args.steps, args.k, programs=programs)
+    print(report.format())
+    for flag, text in ((args.json, lambda: json.dumps(report.to_json(), indent=1, default=float) + "\n"),
+                       (args.markdown, lambda: report.format(markdown=True))):
+        if flag:
+            Path(flag).parent.mkdir(parents=True, exist_ok=True)
+            Path(flag).write_text(text())
+    return 0 if report.passed else 1
+
+
+def add_compare(subparsers) -> None:
+    p = command(subparsers, run_compare)
+    from functional_gan.comparisons import GROUPS
+
+    p.add_argument("--out", default="runs/compare", help="folder for report.md and its plots")
+    p.add_argument("--only", nargs="+", choices=GROUPS, metavar="GROUP",
+                   help=f"run only these groups of checks: {', '.join(GROUPS)}")
+    p.add_argument("--skip-quality", action="store_true", help="skip the long float32 runs (the slowest part)")
+    p.add_argument("--skip-noise-floor", action="store_true",
+                   help="skip the noise floor at the tutorial's widths (float64, ~5 min on 2 cores)")
+    p.add_argument("--quality-steps", type=int, default=300, help="iterations of each long float32 run")
+    p.add_argument("--quality-seeds", type=int, default=8,
+                   help="paired seeds of the long runs (each trains once per framework; ~50 s per seed on 2 cores)")
+
+
+def run_compare(args) -> int:
+    """Run the comparison suite against PyTorch and write a report with plots.
+
+    Runs the checks of the comparison suite (per-layer values, gradient stopping, linear regression, float64
+    trajectories, float32 teacher forcing, recorded fixtures, and long float32 runs on the digits compared by sample
+    quality) and writes report.md with its plots. Needs the torch extra, except '--only fixtures'.
+    """
+    import dataclasses
+
+    from functional_gan.comparisons import GROUPS
+
+    skipped = {"quality"} if args.skip_quality else set()
+    skipped |= {"noise-floor"} if args.skip_noise_floor else set()
+    groups = [g for g in (args.only or GROUPS) if g not in skipped]
+    if args.quality_steps <= 0:
+        raise UserError(f"--quality-steps must be positive, got {args.quality_steps}")
+    if args.quality_seeds < 2:
+        raise UserError(f"--quality-seeds must be at least 2 (a paired comparison), got {args.quality_seeds}")
+    from functional_gan.comparisons import quality, report
+
+    if set(groups) - set(report.NEEDS_NO_TORCH):
+        torch_side("torch", "the comparison suite (except --only " + " ".join(report.NEEDS_NO_TORCH) + ")")
+    spec = quality.QualitySpec(run=dataclasses.replace(quality.QUALITY_RUN, steps=args.quality_steps),
+                               seeds=tuple(range(1, args.quality_seeds + 1)))
+    results, path = report.run_suite(args.out, groups=groups, quality_spec=spec)
+    failed = [r.name for r in results if r.passed is False]
+    print(f"Wrote {path}: {sum(r.passed is True for r in results)} passed, {len(failed)} failed, "
+          f"{sum(r.passed is None for r in results)} reported")
+    return 1 if failed else 0
