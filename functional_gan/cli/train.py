@@ -41,22 +41,22 @@ def run_train(args) -> int:
     """
     import jax
 
-    from functional_gan import distributed
-    from functional_gan.cli import startup
+    from functional_gan import distributed, launch
+    from functional_gan.cli.startup import join, process_settings, stop_on_signals, supervise
     from functional_gan.data import default_channels
     from functional_gan.loop import train
 
-    processes = startup.process_settings(args)
+    processes = process_settings(args)
     settings = {name: getattr(args, name) for name in MODEL_FIELDS + RUN_FIELDS}
     if settings["nc"] is None:
         settings["nc"] = default_channels(args.data)
     config = loss_config(args, **settings)
-    if processes is not None and not startup.launch.supervised():
-        return startup.supervise(args, processes)
+    if processes is not None and not launch.supervised():
+        return supervise(args, processes)
     if processes is not None:
-        startup.join(args, processes, config)
+        join(args, processes, config)
     try:
-        with startup.stop_on_signals():
+        with stop_on_signals():
             result = train(config, args.out, progress=not args.no_progress, init_generator=args.init_generator,
                            init_discriminator=args.init_discriminator, workers=args.workers)
     except jax.errors.JaxRuntimeError as error:
