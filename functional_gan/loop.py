@@ -457,6 +457,7 @@ def _check_sample_request(out: str | Path, num: int) -> Path:
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise ConfigError(f"--out must name a .png file, got {str(out)!r}")
+    out.parent.mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, before anything is computed
     return out
 
 

@@ -114,12 +114,14 @@ def run_check_port(args) -> int:
     if not args.k > 0:
         raise UserError(f"--k must be positive, got {args.k}")
     programs = port.PROGRAMS if args.program == "both" else (args.program,)
+    for target in (args.json, args.markdown):  # an unusable folder fails now, before the port is checked
+        if target:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
     report = port.check_port(port.load_spec(args.spec), args.dtype, args.steps, args.k, programs=programs)
     print(report.format())
     for flag, text in ((args.json, lambda: json.dumps(report.to_json(), indent=1, default=float) + "\n"),
                        (args.markdown, lambda: report.format(markdown=True))):
         if flag:
-            Path(flag).parent.mkdir(parents=True, exist_ok=True)
             Path(flag).write_text(text())
     return 0 if report.passed else 1
 

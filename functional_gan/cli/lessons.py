@@ -82,6 +82,7 @@ def run_graph(args) -> int:
     from functional_gan.graph import write_dot
     from functional_gan.lessons.pictures import GRAPH_SETS
 
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, before anything is traced
     for which in args.which or list(GRAPH_SETS):
         for name, source in GRAPH_SETS[which]().items():
             written = write_dot(source, Path(args.out) / f"{name}.dot")
