@@ -22,21 +22,14 @@ so a well-shaped convolution can exceed it.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Callable
 
 from functional_gan.benchmarks import report, workloads
 from functional_gan.benchmarks.timing import Context, Record
 from functional_gan.config import TUTORIAL, TrainConfig
 
-DESCRIPTION = (
-    "JAX and PyTorch timed on the same work, side by side in one run: the DCGAN training step (the tutorial's "
-    "nets, 64x64), sampling 64 images, the book's linear regression, and each convolution of the step. "
-    "Frameworks: JAX jit (and K steps in one lax.scan), PyTorch eager and torch.compile."
-)
-
-FULL_BATCHES = (64, 128)
-SCALING_BATCHES = (16, 32, 64, 128, 256)
+FULL_BATCHES = (64, 128)  # the DCGAN step's batches (the command line's default)
+SCALING_BATCHES = (16, 32, 64, 128, 256)  # the scaling sweep's
 SCAN_STEPS = 4  # steps per call of the unrolled lax.scan variant
 LAYER_BATCH = 64  # the batch of the per-layer, per-pass and BatchNorm timings
 

@@ -124,7 +124,7 @@ def _torch_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray):
         torch_sync(device)
 
     def memory() -> int:
-        return torch_peak_memory(lambda: torch_step(), device, list(net_g.parameters()) + list(net_d.parameters()) + [real_t])
+        return torch_peak_memory(torch_step, device, list(net_g.parameters()) + list(net_d.parameters()) + [real_t])
 
     runs, records = {"torch_eager": torch_step}, {"torch_eager": {}}
     if not ctx.with_torch_compile:

@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 from tqdm.auto import tqdm
 
-from functional_gan import checkpoints, convert, plots, run_folder
+from functional_gan import checkpoints, convert, plots
 from functional_gan.config import TUTORIAL, ConfigError, TrainConfig
 from functional_gan.data import DataError, Dataset, load_dataset
 from functional_gan.distributed import (
@@ -179,8 +179,7 @@ def train(
     with run_lock(run.folder.root):
         _announce(run)
         manager = checkpoints.checkpoint_manager(run.folder.checkpoints)
-        state, last_checkpoint = _start(run, manager, initial, initial_note)
-        first_step = int(to_host(state.step))
+        state, first_step, last_checkpoint = _start(run, manager, initial, initial_note)
         problems_path = run.folder.unreadable(jax.process_index(), jax.process_count())
         # Started before the compilation, so that the workers read the first batches while XLA compiles.
         batches = Batches(run.dataset, config.seed, config.batch_size, first_step, run.total_steps, run.mesh,
@@ -213,8 +212,8 @@ class _Run:
     primary: bool
     per_epoch: int
     total_steps: int
-    sampler: Callable = None  # the fixed-noise grids' program, made once (it compiles on its first call)
-    noise: object = None  # the fixed noise, on the state's devices
+    sampler: Callable  # the fixed-noise grids' program, made once (it compiles on its first call)
+    noise: jax.Array  # the fixed noise, on the state's devices
 
     @property
     def num_epochs(self) -> int:
@@ -279,9 +278,9 @@ def _announce(run: _Run) -> None:
                      "state replicated")
 
 
-def _start(run: _Run, manager, initial: GANState | None, initial_note: str) -> tuple[GANState, int | None]:
+def _start(run: _Run, manager, initial: GANState | None, initial_note: str) -> tuple[GANState, int, int | None]:
     """The state the run starts from (its newest good checkpoint, the given weights, or fresh ones), the settings
-    written, the folder made consistent with it; the state and the last checkpoint's iteration."""
+    written, the folder made consistent with it; the state, its iteration and the last checkpoint's iteration."""
     config, print_fn = run.config, run.print_fn
     restored = _resume(config, run.folder, manager, run.state_sharding, print_fn)
     if restored is not None:
@@ -297,8 +296,7 @@ def _start(run: _Run, manager, initial: GANState | None, initial_note: str) -> t
         run.folder.config.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         _forget_after(run.folder, first_step)
         if first_step == 0:
-            plots.save_grid(run.dataset.batch(config.seed, 0, min(64, config.batch_size)),
-                            run.folder.root / run_folder.TRAINING_IMAGES)
+            plots.save_grid(run.dataset.batch(config.seed, 0, min(64, config.batch_size)), run.folder.training_images)
     print_fn(
         f"Generator: {count_params(state.generator_params):,} parameters; "
         f"{f'Critic ({run.loss.name})' if run.loss.critic else 'Discriminator'}: "
@@ -306,7 +304,7 @@ def _start(run: _Run, manager, initial: GANState | None, initial_note: str) -> t
     )
     print_fn(f"Data: {run.dataset.name}, {len(run.dataset)} images, {run.per_epoch} iterations per epoch (batch "
              f"{config.batch_size}); {run.total_steps} iterations, a fixed-noise grid every {run.grid_every}")
-    return state, restored.step if restored is not None else None
+    return state, first_step, restored.step if restored is not None else None
 
 
 def _resume(config: TrainConfig, folder: RunFolder, manager, sharding, print_fn) -> checkpoints.Restored | None:
@@ -405,10 +403,10 @@ def _iterate(run: _Run, state: GANState, train_step, batches: Batches, problems_
             if _stop.is_set():
                 raise KeyboardInterrupt
             state, metrics = train_step(state, next(batches))
-            _note_problems(run, batches, problems_path)
-            log.push(step + 1, metrics)
-            bar.update(1)
             step_done = step + 1
+            _note_problems(run, batches, problems_path)
+            log.push(step_done, metrics)
+            bar.update(1)
             report(iteration=step_done)
             at_sample = step_done % run.grid_every == 0 or step_done == run.total_steps
             at_checkpoint = step_done % config.checkpoint_every == 0 or step_done == run.total_steps
@@ -448,7 +446,7 @@ def _finish(run: _Run, state: GANState, batches: Batches, problems_path: Path, f
         run.print_fn(f"{len(skipped)} unreadable image file(s) were skipped; listed in {problems_path}")
     final_samples = run.sampler(state, run.noise)
     if run.primary:
-        _write_figures(run.config, run.folder, run.dataset, to_host(final_samples))
+        _write_figures(run, to_host(final_samples))
 
 
 def _check_sample_request(out: str | Path, num: int) -> Path:
@@ -520,12 +518,12 @@ def export_checkpoint(
     return restored
 
 
-def _write_figures(config, folder: RunFolder, dataset: Dataset, samples_NHWC: np.ndarray) -> None:
+def _write_figures(run: _Run, samples_NHWC: np.ndarray) -> None:
+    config, folder = run.config, run.folder
     records = _read_metrics(folder.metrics)
     if records:
-        derived = {label: [fn(r) for r in records] for label, fn in loss_entry(config.loss).derived.items()}
-        plots.save_loss_plot([r["loss_g"] for r in records], [r["loss_d"] for r in records],
-                             folder.root / run_folder.LOSS_PLOT, derived)
-    plots.save_progress_gif(folder.grids(), folder.root / run_folder.PROGRESS_GIF)
-    real = dataset.batch(config.seed, 0, min(64, config.batch_size))
-    plots.save_real_vs_fake(real, samples_NHWC, folder.root / run_folder.REAL_VS_FAKE)
+        derived = {label: [fn(r) for r in records] for label, fn in run.loss.derived.items()}
+        plots.save_loss_plot([r["loss_g"] for r in records], [r["loss_d"] for r in records], folder.loss_plot, derived)
+    plots.save_progress_gif(folder.grids(), folder.progress_gif)
+    real = run.dataset.batch(config.seed, 0, min(64, config.batch_size))
+    plots.save_real_vs_fake(real, samples_NHWC, folder.real_vs_fake)

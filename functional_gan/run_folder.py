@@ -35,10 +35,15 @@ class RunFolder:
     samples: Path = dataclasses.field(init=False)
     checkpoints: Path = dataclasses.field(init=False)
     lock: Path = dataclasses.field(init=False)
+    training_images: Path = dataclasses.field(init=False)
+    loss_plot: Path = dataclasses.field(init=False)
+    progress_gif: Path = dataclasses.field(init=False)
+    real_vs_fake: Path = dataclasses.field(init=False)
 
     def __post_init__(self):
-        for field, name in (("config", CONFIG), ("metrics", METRICS), ("samples", SAMPLES),
-                            ("checkpoints", CHECKPOINTS), ("lock", LOCK)):
+        for field, name in (("config", CONFIG), ("metrics", METRICS), ("samples", SAMPLES), ("checkpoints", CHECKPOINTS),
+                            ("lock", LOCK), ("training_images", TRAINING_IMAGES), ("loss_plot", LOSS_PLOT),
+                            ("progress_gif", PROGRESS_GIF), ("real_vs_fake", REAL_VS_FAKE)):
             object.__setattr__(self, field, Path(self.root) / name)
 
     def grid(self, step: int) -> Path:

@@ -8,14 +8,10 @@ from pathlib import Path
 from functional_gan.cli.flags import command
 from functional_gan.errors import UserError, torch_side
 
-# The defaults, as functional_gan.benchmarks.bench has them (kept here so that building the parser imports no JAX).
-FULL_BATCHES = (64, 128)
-SCALING_BATCHES = (16, 32, 64, 128, 256)
-SCAN_STEPS = 4
-
-
 def add_bench(subparsers) -> None:
-    p = command(subparsers, run_bench)
+    p = command(subparsers, run_bench)  # (only when `bench` is the command: the import below loads JAX)
+    from functional_gan.benchmarks.bench import FULL_BATCHES, SCALING_BATCHES, SCAN_STEPS
+
     p.add_argument("--quick", action="store_true", help="batch 64 only, few repeats, no scaling sweep (1-2 minutes on 2 CPU cores)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                    help=f"DCGAN step batches (default: {' '.join(map(str, FULL_BATCHES))}; --quick: 64)")
@@ -35,7 +31,7 @@ def add_bench(subparsers) -> None:
 
 
 def _plan(args):
-    from functional_gan.benchmarks.bench import Plan
+    from functional_gan.benchmarks.bench import FULL_BATCHES, SCALING_BATCHES, Plan
 
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 7)
     batches = args.batch_sizes if args.batch_sizes is not None else ([64] if args.quick else list(FULL_BATCHES))

@@ -10,17 +10,17 @@ from functional_gan.config import TrainConfig
 from functional_gan.errors import UserError, torch_side
 
 
-def _pytorch_run(p, when: str, batches: str, dtype: str, precision: str) -> None:
+def _pytorch_run(p, batches: str, dtype: str, precision: str, when: str = "", formats: str = "") -> None:
     """The flags naming a PyTorch run: its two state_dicts, its batches, and the precision."""
-    p.add_argument("--generator", required=True, help=f"netG state_dict file{when}")
-    p.add_argument("--discriminator", required=True, help=f"netD state_dict file{when.split(' (')[0]}")
+    p.add_argument("--generator", required=True, help=f"netG state_dict file{when}{formats}")
+    p.add_argument("--discriminator", required=True, help=f"netD state_dict file{when}")
     p.add_argument("--batches", required=True, help=f".npz with {batches}")
     p.add_argument("--dtype", choices=("float32", "float64"), default=dtype, help=f"precision {precision}")
 
 
 def add_replay(subparsers) -> None:
     p = command(subparsers, run_replay)
-    _pytorch_run(p, "", "'real' and 'noise' (and 'mix' for wgan-gp), NCHW as in PyTorch", "float32", "of the replay")
+    _pytorch_run(p, "'real' and 'noise' (and 'mix' for wgan-gp), NCHW as in PyTorch", "float32", "of the replay")
     config_flags(p, LOSS_FIELDS)
     p.add_argument("--out", required=True, help=".npz file for the per-step metrics")
     p.add_argument("--out-generator", help="write the final netG state_dict here (.pt or .safetensors)")
@@ -50,8 +50,8 @@ def run_replay(args) -> int:
 
 def add_diverge(subparsers) -> None:
     p = command(subparsers, run_diverge)
-    _pytorch_run(p, " at the start of the run (.pt/.pth or .safetensors)",
-                 "'real' (steps, batch, nc, H, W) and 'noise' (steps, batch, nz, 1, 1)", "float64", "of both sides")
+    _pytorch_run(p, "'real' (steps, batch, nc, H, W) and 'noise' (steps, batch, nz, 1, 1)", "float64", "of both sides",
+                 when=" at the start of the run", formats=" (.pt/.pth or .safetensors)")
     p.add_argument("--tolerance", type=float, default=None,
                    help="a fixed largest max|JAX − PyTorch| / max|PyTorch| per tensor instead of the default criterion "
                    "(float64: 1e-10; float32: --k times PyTorch float32's own error on the same iteration)")

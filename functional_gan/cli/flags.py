@@ -27,9 +27,9 @@ def command(subparsers, run):
     ``run``'s docstring (the first line, then the rest); returns its parser, whose flags the caller adds."""
     name = run.__name__.removeprefix("run_").replace("_", "-")
     first, _, rest = inspect.getdoc(run).partition("\n\n")
-    description = " ".join(rest.split()) or None
-    p = subparsers.add_parser(name, help=first.rstrip(".")[0].lower() + first.rstrip(".")[1:],
-                              description=description, formatter_class=Formatter)
+    summary = first.rstrip(".")
+    p = subparsers.add_parser(name, help=summary[:1].lower() + summary[1:], description=" ".join(rest.split()) or None,
+                              formatter_class=Formatter)
     p.set_defaults(handler=run)
     return p
 
