@@ -29,8 +29,9 @@ quantity out of tolerance is named: stage, layer, tensor, both sides' values (or
 
 A spec is a Python file (or module) defining
 
-* ``torch_model()``: the PyTorch module (built fresh on each call, same weights: seed inside, or
-  the checker's ``torch.manual_seed``); ``example_inputs()``: NumPy arrays as the PyTorch model takes them;
+* ``torch_model()``: the PyTorch module (a class will do: the checker builds it once under
+  ``torch.manual_seed(seed)``, 0 by default, and loads those weights into every later build);
+  ``example_inputs()``: NumPy arrays as the PyTorch model takes them;
 * the port, one of: ``jax_model()`` returning a Flax Linen module, a Flax NNX module, or an Equinox
   module (or ``(module, state)`` from ``eqx.nn.make_with_state``; ``PER_SAMPLE = True`` when it acts on
   one sample, and the checker vmaps it over the batch with the axis name ``BATCH_AXIS``, default

@@ -66,9 +66,7 @@ MISTAKES = {"flatten-nhwc": ("forward", "fc1"), "adadelta-rho": ("update", "conv
 MISTAKE = None
 
 
-def torch_model():
-    torch.manual_seed(1)
-    return Net()
+torch_model = Net  # built under the checker's torch.manual_seed(0)
 
 
 def jax_model():

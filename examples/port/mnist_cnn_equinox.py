@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from mnist_cnn import Net, example_inputs, example_targets, torch_loss, torch_optimizer  # noqa: F401  (the spec's folder)
+from mnist_cnn import example_inputs, example_targets, jax_loss, torch_loss, torch_model, torch_optimizer  # noqa: F401  (the spec's folder)
 
 TRAIN = False
 PER_SAMPLE = True
@@ -56,19 +56,8 @@ MISTAKES = {"flatten-hwc": ("forward", "fc1"), "adadelta-eps": ("update", "conv1
 MISTAKE = None
 
 
-def torch_model():
-    import torch
-
-    torch.manual_seed(1)
-    return Net()
-
-
 def jax_model():
     return EquinoxNet(jax.random.key(0), mistake=MISTAKE)
-
-
-def jax_loss(output, x, target):
-    return -jnp.mean(jnp.take_along_axis(output, target[:, None], axis=1))
 
 
 def jax_optimizer():

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from mnist_cnn import Net, example_inputs, example_targets, torch_loss, torch_optimizer  # noqa: F401  (the spec's folder)
+from mnist_cnn import example_inputs, example_targets, jax_loss, torch_loss, torch_model, torch_optimizer  # noqa: F401  (the spec's folder)
 
 TRAIN = False
 
@@ -47,19 +47,8 @@ MISTAKES = {"flatten-nhwc": ("forward", "fc1"), "log-softmax-axis": ("output", "
 MISTAKE = None
 
 
-def torch_model():
-    import torch
-
-    torch.manual_seed(1)
-    return Net()
-
-
 def jax_model():
     return NNXNet(nnx.Rngs(0), mistake=MISTAKE)
-
-
-def jax_loss(output, x, target):
-    return -jnp.mean(jnp.take_along_axis(output, target[:, None], axis=1))
 
 
 def jax_optimizer():

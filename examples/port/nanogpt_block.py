@@ -131,9 +131,7 @@ FLOAT32_ONLY = {"optax-bias-correction": ("update", "ln_1.bias")}
 MISTAKE = None
 
 
-def torch_model():
-    torch.manual_seed(3)
-    return Block()
+torch_model = Block  # built under the checker's torch.manual_seed(0)
 
 
 def jax_model():

@@ -2,8 +2,9 @@
 
     functional-gan check-port examples/port/resnet18_nnx.py [--dtype float64] [--steps 2]
 
-The PyTorch side follows torchvision/models/resnet.py (``conv3x3``, ``conv1x1``, ``BasicBlock``, ``ResNet``
-with layers [2, 2, 2, 2]; its ``_make_layer``, zero-init and groups options left out), 10 classes, in
+The PyTorch side follows torchvision/models/resnet.py (``ResNet`` with layers [2, 2, 2, 2], torchvision's
+``BasicBlock`` and ``conv1x1`` imported from ``resnet_basic.py`` in the spec's folder;
+its ``_make_layer``, zero-init and groups options left out), 10 classes, in
 train mode (batch statistics; running statistics updated), SGD with momentum 0.9 and weight decay 1e-4,
 on a batch of 4 images of 32 × 32 (a CIFAR-sized input: the stem's stride-2 convolution and max-pool
 bring it to 8 × 8, layer4 to 1 × 1).
@@ -23,35 +24,9 @@ import torch
 import torch.nn as nn
 from flax import nnx
 
-# --- PyTorch: torchvision's resnet18, written out -------------------------------------------------------
+from resnet_basic import BasicBlock, conv1x1  # torchvision's building blocks (the spec's folder)
 
-
-def conv3x3(in_planes, out_planes, stride=1):
-    return nn.Conv2d(in_planes, out_planes, kernel_size=3, stride=stride, padding=1, bias=False)
-
-
-def conv1x1(in_planes, out_planes, stride=1):
-    return nn.Conv2d(in_planes, out_planes, kernel_size=1, stride=stride, bias=False)
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, inplanes, planes, stride=1, downsample=None):
-        super().__init__()
-        self.conv1 = conv3x3(inplanes, planes, stride)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = conv3x3(planes, planes)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.downsample = downsample
-
-    def forward(self, x):
-        identity = x
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        if self.downsample is not None:
-            identity = self.downsample(x)
-        out += identity
-        return self.relu(out)
+# --- PyTorch: torchvision's resnet18, written out (its BasicBlock and conv1x1 from resnet_basic.py) ------
 
 
 class ResNet18(nn.Module):
@@ -157,9 +132,7 @@ MISTAKES = {"bn-momentum": ("buffer", "bn1.running_mean"), "bn-biased-var": ("bu
 MISTAKE = None
 
 
-def torch_model():
-    torch.manual_seed(0)
-    return ResNet18()
+torch_model = ResNet18  # built under the checker's torch.manual_seed(0)
 
 
 def jax_model():

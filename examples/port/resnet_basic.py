@@ -141,9 +141,7 @@ MISTAKES = {"same-padding": ("forward", "layer2.conv1"), "bn-momentum": ("buffer
 MISTAKE = None
 
 
-def torch_model():
-    torch.manual_seed(2)
-    return SmallResNet()
+torch_model = SmallResNet  # built under the checker's torch.manual_seed(0)
 
 
 def jax_model():
