@@ -57,9 +57,13 @@ def _torch_conv_weight_to_hwio(weight_OIHW: jax.Array) -> jax.Array:
 # fit this budget keeps the cost near linear. Measure: `functional-gan bench --batch-sizes 64 128
 # --no-torch-compile` with this budget and with it set very large (the step's scaling and the
 # per-layer table).
+# Every chunk is its own convolution in the compiled program, so the budget also sets the compile
+# time. Same-run A/B on 2 cores (step medians, interleaved; compile of the step at batch 64/128/256):
+# 4 MiB 1461/2928/6352 ms, compile 8.7/11.7/22.5 s; 8 MiB 1417/2861/6001 ms, compile 5.9/8.8/10.5 s;
+# 16 MiB the same at batch 64 but +9% at 128; no split at all +14% at 64. Hence 8 MiB.
 # Convolutions are per sample, so a split forward is exact; weight gradients become sums over
 # chunks (a different summation order, float rounding only).
-CPU_CONV_CHUNK_BYTES = 4 * 2**20
+CPU_CONV_CHUNK_BYTES = 8 * 2**20
 
 
 def _batch_chunks(batch: int, bytes_per_sample: int) -> int:

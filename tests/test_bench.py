@@ -117,3 +117,23 @@ def test_startup_runs_the_command_line_as_whole_processes_cold_then_warm():
     markdown = report.to_markdown(ctx, records, None, "functional-gan bench")
     assert "## Start-up of the command line: whole processes, wall time\n" in markdown
     assert "programs loaded from the persistent compilation cache" in markdown
+
+
+def test_the_step_profile_ranks_convolutions_on_both_sides_and_shares_add_up():
+    from functional_gan.benchmarks import profile_step
+
+    from tests.helpers import tiny
+
+    config = tiny()
+    jax_rows, jax_wall_ms, compile_s = profile_step.profile_jax(config, config.batch_size, steps=1)
+    torch_rows, torch_wall_ms = profile_step.profile_torch(config, config.batch_size, steps=1)
+    for rows in (jax_rows, torch_rows):
+        assert rows and sum(r.share for r in rows) == pytest.approx(1.0)
+        assert [r.ms_per_step for r in rows] == sorted((r.ms_per_step for r in rows), reverse=True)
+    # Every layer of both nets is a convolution: the compiled step's and the eager iteration's must show them.
+    assert any("convolution" in r.what for r in jax_rows), [r.what for r in jax_rows[:10]]
+    assert any("convolution" in r.name for r in torch_rows), [r.name for r in torch_rows[:10]]
+    assert jax_wall_ms > 0 and torch_wall_ms > 0 and compile_s > 0
+    text = profile_step.markdown(jax_rows, torch_rows, 3, "header")
+    ranks = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ") and "`" in line]
+    assert ranks == ["1", "2", "3"] * 2 and text.count("The top 3 hold") == 2
