@@ -12,6 +12,8 @@ SUPPORTED_IMAGE_SIZES = (32, 64, 128)  # the tutorial's 64 and the sizes one blo
 DEFAULT_JOIN_TIMEOUT = 300  # seconds; JAX's own default for jax.distributed.initialize
 DEFAULT_PEER_TIMEOUT = 60  # seconds without a heartbeat before a process counts as dead (JAX's default: 100)
 
+APIS = ("linen", "nnx")  # the Flax API whose step trains: Linen modules (the default) or the NNX port
+
 GRIDS_PER_RUN = 20  # fixed-noise grids of a run when --sample-every is not given
 
 
@@ -48,6 +50,7 @@ class TrainConfig:
     n_critic: int = 1  # D (critic) updates per G update; the tutorial alternates, 1
     gp_weight: float = 10.0  # WGAN-GP's λ (used by the wgan-gp loss only)
     devices: int | None = None  # data parallelism over this many local devices; None: all of them
+    api: str = "linen"  # the step's Flax API (APIS); both write the same checkpoints
 
     def validate(self) -> "TrainConfig":
         """Raise :class:`ConfigError` with a clear message if any value cannot work.
@@ -74,6 +77,11 @@ class TrainConfig:
             value = getattr(self, name)
             if not (0.0 <= value < 1.0):
                 problems.append(f"--{name} must lie in [0, 1), got {value!r}")
+        if self.api not in APIS:
+            problems.append(f"--api {self.api!r} is not one of {', '.join(APIS)}")
+        elif self.api == "nnx" and (self.loss != "bce" or self.n_critic != 1):
+            problems.append(f"--api nnx ports the tutorial's step (--loss bce, --n-critic 1), not --loss {self.loss} "
+                            f"--n-critic {self.n_critic}; --api linen runs every loss")
         if problems:
             raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
         return self
@@ -85,7 +93,8 @@ class TrainConfig:
         return max(1, -(-total_steps // GRIDS_PER_RUN))
 
     # Fields that may change when a run is resumed: how long to train and how often to report.
-    RESUMABLE_CHANGES = ("epochs", "steps", "log_every", "sample_every", "checkpoint_every", "devices")
+    # The API too: both steps read and write the same state and compute the same numbers.
+    RESUMABLE_CHANGES = ("epochs", "steps", "log_every", "sample_every", "checkpoint_every", "devices", "api")
 
     def incompatibilities(self, saved: "TrainConfig") -> list[str]:
         """Fields that differ from ``saved`` in a way a resumed run cannot accept."""
@@ -125,6 +134,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "loss": ("the GAN losses", "config"),
     "n_critic": ("D (critic) updates per G update", "later"),
     "gp_weight": ("the gradient penalty's weight λ, for the losses that have one", "later"),
+    "api": ("the Flax API of the training step: 'linen' (flax.linen modules) or 'nnx' (the same step ported to "
+            "flax.nnx objects, BCE loss only); both write the same checkpoints", "config"),
     "seed": ("the run's one root seed (weights, noise, data order)", "config"),
     "devices": ("data parallelism: shard each batch over this many local devices (default: all of them; in a "
                 "multi-process run, all devices of all processes)", "config"),

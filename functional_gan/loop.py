@@ -272,6 +272,8 @@ def _quiet(_message: str) -> None:
 def _announce(run: _Run) -> None:
     run.print_fn(f"Random Seed: {run.config.seed}")
     run.print_fn(describe_backend())
+    if run.config.api == "nnx":
+        run.print_fn("Training step: the Flax NNX port (functional_gan.nnx_dcgan), split/merge around jax.jit")
     if run.mesh is not None:
         processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
         run.print_fn(f"Data parallel over {run.mesh.devices.size} devices{processes}: batch split along its first axis, "
@@ -347,7 +349,12 @@ def _forget_after(folder: RunFolder, step: int) -> None:
 def _compile(run: _Run, state: GANState, first_step: int):
     """The training step, compiled ahead of the loop (timed); (step, seconds), or (the jitted step, None) when
     nothing is left to train."""
-    train_step = make_train_step(run.config, run.mesh)
+    if run.config.api == "nnx":
+        from functional_gan import nnx_dcgan
+
+        train_step = nnx_dcgan.make_train_step(run.config, run.mesh)
+    else:
+        train_step = make_train_step(run.config, run.mesh)
     if first_step >= run.total_steps:
         return train_step, None
     run.print_fn("Starting Training Loop...")

@@ -268,7 +268,11 @@ def make_train_step(config: TrainConfig, mesh: Mesh | None = None):
     reductions). The state's buffers are donated on accelerators (CPU ignores donation).
     """
 
-    train_step = step_function(config)
+    return jit_step(step_function(config), mesh)
+
+
+def jit_step(train_step, mesh: Mesh | None = None):
+    """``train_step(state, real_NHWC)`` jitted as :func:`make_train_step` describes (also for the NNX port's step)."""
     donate = (0,) if jax.default_backend() != "cpu" else ()
     if mesh is None:
         return jax.jit(train_step, donate_argnums=donate)

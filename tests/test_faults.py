@@ -244,3 +244,23 @@ def test_a_second_train_on_the_same_folder_refuses(tmp_path, capsys):
     # The kernel dropped the lock with the killed holder: no stale lock.
     time.sleep(0.1)
     assert _train(run, "--steps", "2") == 0
+
+
+# --- the NNX port's run ------------------------------------------------------------------------------
+
+
+def test_an_nnx_run_killed_while_writing_resumes_bit_identical_and_its_checkpoints_sample_and_export(tmp_path):
+    """``train --api nnx`` writes the same checkpoints as the Linen step: killed while orbax writes its second
+    checkpoint, the rerun ends equal to an uninterrupted NNX run (parameters, Adam states, metrics.jsonl, grids),
+    and ``sample`` and ``export`` read what it saved."""
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    assert _train(straight, "--api", "nnx") == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = subprocess.run([sys.executable, str(ROOT / "tests" / "fault_runner.py"), "orbax-write", "2", *ARGS,
+                             "--api", "nnx", "--out", str(run)], env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert _train(run, "--api", "nnx") == 0
+    _assert_same_run(run, straight)
+    assert main(["sample", "--checkpoint", str(run), "--num", "4", "--out", str(tmp_path / "grid.png")]) == 0
+    assert main(["export", "--checkpoint", str(run), "--generator", str(tmp_path / "G.pth")]) == 0
+    assert (tmp_path / "grid.png").stat().st_size > 0 and (tmp_path / "G.pth").stat().st_size > 0

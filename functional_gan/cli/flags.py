@@ -10,7 +10,7 @@ from functional_gan.config import TUTORIAL, TrainConfig
 OPTIMIZER_FIELDS = ("lr", "beta1", "beta2")
 LOSS_FIELDS = (*OPTIMIZER_FIELDS, "loss", "n_critic", "gp_weight")
 MODEL_FIELDS = ("data", "epochs", "steps", "batch_size", "image_size", "nc", "nz", "ngf", "ndf")
-RUN_FIELDS = ("seed", "devices", "log_every", "sample_every", "checkpoint_every")
+RUN_FIELDS = ("api", "seed", "devices", "log_every", "sample_every", "checkpoint_every")
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -50,6 +50,11 @@ def config_flags(p, fields, loss_dependent: bool = True) -> None:
         help_text, decided = FLAGS[name]
         kind = next(t for t in (int, float, str) if t in (hints[name], *typing.get_args(hints[name])))
         default = getattr(TUTORIAL, name)
+        if name == "api":
+            from functional_gan.config import APIS
+
+            p.add_argument("--api", default=default, choices=APIS, help=help_text)
+            continue
         if name == "loss":
             p.add_argument("--loss", default=default, choices=tuple(LOSSES),
                            help=f"{help_text}: " + "; ".join(f"'{e.name}': {e.summary}" for e in LOSSES.values())

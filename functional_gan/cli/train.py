@@ -13,7 +13,7 @@ def add_train(subparsers) -> None:
                    help="Grain worker processes that decode the images ahead of the step (default: half the CPU "
                    "cores, 1 to 8; 0: read in the training process)")
     p.add_argument("--out", default="runs/dcgan", help="run folder: samples, plots, metrics, checkpoints")
-    config_flags(p, MODEL_FIELDS[1:] + LOSS_FIELDS + RUN_FIELDS[:2])
+    config_flags(p, MODEL_FIELDS[1:] + LOSS_FIELDS + RUN_FIELDS[:3])
     p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                    help="multi-process run: the address of process 0 (default: $JAX_COORDINATOR_ADDRESS)")
     p.add_argument("--num-processes", type=int, default=None,
@@ -25,7 +25,7 @@ def add_train(subparsers) -> None:
     p.add_argument("--peer-timeout", type=int, default=DEFAULT_PEER_TIMEOUT, metavar="SECONDS",
                    help="multi-process run: a process silent this long counts as dead and the others stop "
                    "(with the iteration and the checkpoint kept)")
-    config_flags(p, RUN_FIELDS[2:])
+    config_flags(p, RUN_FIELDS[3:])
     p.add_argument("--init-generator", default=None, metavar="FILE",
                    help="start a new run from a PyTorch generator state_dict (.pth read weights-only, or .safetensors), "
                    "e.g. the tutorial's; Adam starts fresh")
