@@ -1,11 +1,14 @@
 """``functional-gan bench``: JAX and PyTorch timed on the same work, side by side in one run.
 
 Workloads: one DCGAN training iteration (the tutorial's nets, 64×64, the batch resident on the
-device), sampling 64 images from G, the book's linear regression (1000 epochs), and the
-per-layer forward+backward times that show where a step's time goes.
+device, and tiny nets whose step time is mostly each call's own cost), sampling 64 images from G,
+the book's linear regression (1000 epochs), and the per-layer forward+backward times that show
+where a step's time goes.
 
-Frameworks: JAX ``jit`` (one step per call, and K steps in one ``lax.scan``), PyTorch eager and
-``torch.compile`` (skipped with a note where it cannot run).
+Frameworks: JAX ``jit`` of the Linen step (one step per call, and K steps in one ``lax.scan``),
+the Flax NNX port (``nnx.jit`` on its objects, and split/merge around ``jax.jit`` as
+``train --api nnx`` runs it), PyTorch eager and ``torch.compile`` (skipped with a note where it
+cannot run).
 
 Method: warm-up calls first; ``block_until_ready`` / ``cuda.synchronize`` before every clock
 read; the frameworks' calls interleaved (A B A B ...) so that a change in machine load hits all
@@ -32,6 +35,9 @@ FULL_BATCHES = (64, 128)  # the DCGAN step's batches (the command line's default
 SCALING_BATCHES = (16, 32, 64, 128, 256)  # the scaling sweep's
 SCAN_STEPS = 4  # steps per call of the unrolled lax.scan variant
 LAYER_BATCH = 64  # the batch of the per-layer, per-pass and BatchNorm timings
+# Nets so small (32×32, nz 8, widths 4, batch 4) that a step's time is mostly what each call costs around the
+# compiled program: the frameworks' dispatch, and the NNX objects' graph walked in Python.
+TINY_NETS = dataclasses.replace(TUTORIAL, image_size=32, nz=8, ngf=4, ndf=4, batch_size=4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +60,8 @@ def workload_list(ctx: Context, plan: Plan) -> list[tuple[str, Callable[[], list
     jobs = [("matmul peak", lambda: workloads.matmul_peak(ctx, "start"))]
     for batch in plan.batches:
         jobs.append((f"DCGAN step, batch {batch}", lambda b=batch: workloads.dcgan_step(ctx, config, b, plan.scan_steps)))
+    jobs.append(("DCGAN step, tiny nets", lambda: workloads.dcgan_step(ctx, TINY_NETS, TINY_NETS.batch_size, plan.scan_steps,
+                                                                        "dcgan_step (tiny nets: per-call cost)")))
     jobs.append(("sampling 64 images", lambda: workloads.sampling(ctx, config)))
     jobs.append(("linear regression", lambda: workloads.linear_regression(ctx)))
     if plan.layers:

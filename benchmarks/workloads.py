@@ -49,8 +49,10 @@ def matmul_peak(ctx: Context, when: str, n: int = 2048) -> list[Record]:
             ctx.record(f"matmul_2048 ({when})", "torch_eager", n, times["torch"], flops=flops)]
 
 
-def dcgan_step(ctx: Context, config: TrainConfig, batch: int, scan_steps: int) -> list[Record]:
-    """One training iteration of the tutorial's DCGAN in each framework, on the same resident batch."""
+def dcgan_step(ctx: Context, config: TrainConfig, batch: int, scan_steps: int, workload: str = "dcgan_step") -> list[Record]:
+    """One training iteration of the tutorial's DCGAN in each framework, on the same resident batch: the Linen step
+    (jitted, and K of them in a scan), the NNX port (``nnx.jit`` on the objects, and split/merge around ``jax.jit``),
+    PyTorch eager and torch.compile."""
     from functional_gan.pytorch import counting
 
     config = dataclasses.replace(config, batch_size=batch)
@@ -66,12 +68,13 @@ def dcgan_step(ctx: Context, config: TrainConfig, batch: int, scan_steps: int) -
         per_call = times.get(framework)
         if framework == "jax_scan" and per_call:
             per_call = [t / scan_steps for t in per_call]
-        out.append(ctx.record("dcgan_step", framework, batch, per_call, flops=flops if per_call else None, **fields))
+        out.append(ctx.record(workload, framework, batch, per_call, flops=flops if per_call else None, **fields))
     return out
 
 
 def _jax_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray, scan_steps: int):
     """The jitted training step, and K of them in one ``lax.scan``: {name: run}, {name: record fields}."""
+    from functional_gan import nnx_dcgan
     from functional_gan.train import init_state, make_train_step, step_function
 
     real_NHWC = jax.device_put(jnp.asarray(real_NCHW.transpose(0, 2, 3, 1)))
@@ -83,6 +86,7 @@ def _jax_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray, scan_st
     programs = {
         "jax_jit": (make_train_step(config), real_NHWC),
         "jax_scan": (jax.jit(lambda state, batches: jax.lax.scan(step, state, batches, unroll=True)), stacked),
+        "nnx_split": (nnx_dcgan.make_train_step(config), real_NHWC),  # train --api nnx: the NNX step on the state
     }
     runs, records = {}, {}
     for name, (program, data) in programs.items():
@@ -101,7 +105,24 @@ def _jax_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray, scan_st
     # Per step: XLA's count for one step stands for the scan's too.
     records["jax_scan"].update(xla_flops=records["jax_jit"]["xla_flops"],
                                note=f"{scan_steps} steps per call (lax.scan, unrolled); time per step")
+    runs["nnx_jit"], records["nnx_jit"] = _nnx_jit_step(config, real_NHWC)
     return runs, records
+
+
+def _nnx_jit_step(config: TrainConfig, real_NHWC: jax.Array):
+    """The NNX port's step as its users write it: ``nnx.jit`` over the four objects, updated in place. Each call
+    walks the objects' graph in Python before and after the compiled program (the cost the split/merge form, row
+    ``nnx_split``, does not pay); compile time: the first call's."""
+    from functional_gan import nnx_dcgan
+    from functional_gan.train import init_state
+
+    generator, discriminator = nnx_dcgan.from_linen(config, init_state(config))
+    objects = (generator, discriminator, *nnx_dcgan.make_optimizers(config, generator, discriminator))
+    step = nnx_dcgan.make_nnx_step(config)
+    start = time.perf_counter()
+    jax.block_until_ready(step(*objects, real_NHWC))
+    return blocking(lambda: step(*objects, real_NHWC)), dict(compile_s=time.perf_counter() - start,
+                                                               note="compile_s: the first call")
 
 
 def _torch_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray):

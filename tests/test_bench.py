@@ -137,3 +137,17 @@ def test_the_step_profile_ranks_convolutions_on_both_sides_and_shares_add_up():
     text = profile_step.markdown(jax_rows, torch_rows, 3, "header")
     ranks = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ") and "`" in line]
     assert ranks == ["1", "2", "3"] * 2 and text.count("The top 3 hold") == 2
+
+
+def test_the_step_workload_times_linen_nnx_and_pytorch_and_the_plan_has_the_per_call_row():
+    """The DCGAN step rows of every framework, NNX's two forms included, from one interleaved timing; the plan runs
+    the tiny-nets step (whose time is mostly each call's own cost) beside the tutorial-sized ones."""
+    from functional_gan.benchmarks import bench
+
+    ctx = timing.Context(repeats=1, with_torch_compile=False)
+    records = workloads.dcgan_step(ctx, bench.TINY_NETS, 4, 2, "dcgan_step (tiny nets: per-call cost)")
+    assert [r.framework for r in records] == ["jax_jit", "jax_scan", "nnx_split", "nnx_jit", "torch_eager"]
+    assert all(r.median_s > 0 and r.workload == "dcgan_step (tiny nets: per-call cost)" for r in records)
+    assert all(r.compile_s > 0 for r in records[:4]) and records[2].xla_flops == records[0].xla_flops
+    labels = [label for label, _ in bench.workload_list(ctx, bench.Plan((64,), 1))]
+    assert labels[:3] == ["matmul peak", "DCGAN step, batch 64", "DCGAN step, tiny nets"]
