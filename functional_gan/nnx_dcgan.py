@@ -20,6 +20,13 @@ errD = BCE(netD(real), 1) +                  nnx.value_and_grad(d_loss)(D, real,
 optimizerD.step()                            optimizer_d.update(D, grads): in place, as PyTorch's
 errG = BCE(netD(fake), 1); backward()        d errG / d fake through the updated D, then G's VJP
 optimizerG.step()                            optimizer_g.update(G, grads)
+
+Two ways to run it. :func:`make_nnx_step` is the step as NNX users write it: ``nnx.jit`` over the four objects,
+updated in place; each call walks their graph in Python around the compiled program. :func:`make_train_step`
+(``train --api nnx``) runs the same :func:`nnx_step` on a :class:`~functional_gan.train.GANState`: the objects are
+merged from the state inside a plain ``jax.jit`` and split back (:func:`to_objects`, :func:`to_state`), so it costs
+what the Linen step costs per call, and the run's checkpoints, resume, ``sample`` and ``export`` are the Linen
+run's own.
 """
 
 from __future__ import annotations
@@ -156,6 +163,8 @@ class Discriminator(nnx.Module):
 
 
 def make_models(config: TrainConfig, seed: int = 0, dtype=jnp.float32) -> tuple[Generator, Discriminator]:
+    """``netG``, ``netD`` as NNX modules at the config's sizes, drawn with the tutorial's ``weights_init``
+    (N(0, 0.02) convolutions, N(1, 0.02) BatchNorm scales) from ``nnx.Rngs(seed)``."""
     rngs = nnx.Rngs(seed)
     return (Generator(config.nz, config.ngf, config.nc, config.image_size, rngs=rngs, dtype=dtype),
             Discriminator(config.ndf, config.nc, config.image_size, rngs=rngs, dtype=dtype))

@@ -13,7 +13,9 @@ def _sides(name):
     return {side: fn() for side, fn in LESSONS[name].sides.items()}
 
 
-def _assert_columns_equal(values, label, sides=("PyTorch", "torch.func", "JAX")):
+def _assert_columns_equal(values, label, sides=None):
+    """The columns agree on ``label``: by default PyTorch, torch.func, JAX and, where the lesson has one, NNX."""
+    sides = sides or ("PyTorch", "torch.func", "JAX", *(("NNX",) if "NNX" in values else ()))
     reference = np.asarray(values[sides[0]][label])
     for side in sides[1:]:
         np.testing.assert_allclose(values[side][label], reference, rtol=0, atol=TOLERANCE, err_msg=f"{side}: {label}")
@@ -27,6 +29,7 @@ def test_straight_through_passes_the_decoders_gradient_to_the_encoder():
     q = data["codebook"][idioms._nearest(data["x"], data["codebook"])]
     np.testing.assert_allclose(gradient, np.cos(q), rtol=0, atol=TOLERANCE)  # d/dx sin(x_st) at x_st = q: cos(q)
     assert values["PyTorch"]["max |forward value − q|"] < 1e-15 and values["JAX"]["max |forward value − q|"] < 1e-15
+    assert values["NNX"]["the quantiser's gradient entries (its codebook is no nnx.Param)"] == 0
 
 
 def test_truncated_bptt_is_the_same_truncation_and_differs_from_full_bptt():
@@ -66,6 +69,7 @@ def test_ema_of_a_generator_matches_a_numpy_loop_and_pytorch_refuses_the_update_
     assert values["PyTorch"]["the EMA copy requires grad"] is False
     refused = values["PyTorch"]["in-place mul_ on a parameter outside no_grad"]
     assert refused.type == "RuntimeError" and "leaf Variable that requires grad" in refused.message
+    assert values["NNX"]["in-place update of a parameter, outside any no_grad"] == f"no error; W1 scaled by {idioms.EMA_DECAY:g}"
 
 
 def test_simsiam_stop_gradient_gives_the_same_gradients_and_changes_them():

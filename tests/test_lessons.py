@@ -206,3 +206,45 @@ def test_wgan_gp_compiled_cost_shows_the_penalty_and_the_cut():
     no_detach = torch_rows["critic step with the penalty, without detach()"]
     assert penalty[calls] > no_penalty[calls] and penalty[tflop] > 1.3 * no_penalty[tflop]
     assert no_detach[calls] > penalty[calls] and no_detach[tflop] > penalty[tflop]
+
+
+def test_the_nnx_columns_give_the_other_columns_numbers():
+    """Flax NNX's column where its answer differs from JAX's: the same numbers as JAX (float32: 1e-6 relative, two
+    traces of the same arithmetic) and PyTorch (the book's 1000 epochs: 1e-5, as the JAX column is checked)."""
+    nnx_side, jax_side = basics.nnx_filters(), basics.jax_argnums()
+    assert nnx_side["grad wrt z (nnx.grad: the module's nnx.Param)"] == jax_side["grad wrt z (argnums=2)"] == [1.0, 1.0]
+    assert nnx_side["the gradient's entries (x, y are nnx.Variable, not Param)"] == ["z"]
+    assert nnx_side["DiffState(0, head filter): the gradient's modules"] == ["head"]
+    assert nnx_side["after optimizer.update: encoder unchanged"] is True
+    assert nnx_side["after optimizer.update: head changed"] is True
+
+    nnx_side, jax_side = linear_regression.nnx_gradients_are_values(), linear_regression.jax_gradients_are_values()
+    np.testing.assert_allclose(nnx_side["first nnx.grad: b, w"], jax_side["first jax.grad: b, w"], rtol=1e-6)
+    assert nnx_side["second nnx.grad: b, w"] == nnx_side["first nnx.grad: b, w"]  # nothing accumulated
+    assert nnx_side["the model's parameters have a .grad"] is False
+    np.testing.assert_allclose(nnx_side["MultiSteps(4 × 20 examples) in an nnx.Optimizer: b, w"],
+                               nnx_side["one SGD step on all 80: b, w"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(nnx_side["one SGD step on all 80: b, w"], jax_side["one SGD step on all 80: b, w"], rtol=1e-6)
+
+    nnx_side = linear_regression.nnx_in_place_updates()
+    b, w = linear_regression.torch_update_pitfalls()["under no_grad, 1000 epochs: b, w"]
+    assert nnx_side["nnx.Optimizer.update in place, 1000 epochs: b, w"] == pytest.approx([b, w], abs=1e-5)
+    x, y, params = linear_regression.book_setup()  # one hand-written step on b: b − 0.1 · 2·mean(b + w·x − y)
+    b0, w0 = float(params["b"]), float(params["w"])
+    expected = b0 - 0.1 * 2 * np.mean(b0 + w0 * np.asarray(x, np.float64) - np.asarray(y, np.float64))
+    assert nnx_side["model.b[...] -= lr * grad, outside no_grad: b"] == pytest.approx(expected, rel=1e-6)
+
+    nnx_side, jax_side = gan.nnx_gan_step(), gan.jax_gan_step()
+    for label in jax_side:
+        assert nnx_side[label] == pytest.approx(jax_side[label], rel=1e-6), label
+    assert nnx_side[gan.JAX_G_GRAD_SUM.format(cut="with stop_gradient")] == 0.0
+    assert nnx_side["G step, nnx.grad(g_loss)(G, D): its keys are G's modules"] is True
+    assert nnx_side["after a pass in G.eval(): running statistics unchanged"] is True
+    assert nnx_side["after a pass in G.train(): running means moved"] is True
+
+
+def test_nnx_columns_stand_where_nnx_answers_differently_from_jax():
+    # Elsewhere (detach, grad_fn, no_grad, retain_graph, truncated BPTT, SimSiam, the gradient penalty, the
+    # compiled costs) NNX code is the JAX column's code; the families' introductions say so.
+    assert [name for name, lesson in LESSONS.items() if "NNX" in lesson.sides] == [
+        "requires_grad", "accumulation", "update", "gan_step", "straight_through", "target_network", "ema_generator"]

@@ -9,7 +9,7 @@
 # %% [markdown]
 # # The GAN step: netD(fake.detach()) against differentiating only D
 #
-# The DCGAN tutorial's D step, where `detach()` stops the gradient at G's output, and what JAX does instead: differentiate the D loss with respect to D's parameters only.
+# The DCGAN tutorial's D step, where `detach()` stops the gradient at G's output, and what JAX does instead: differentiate the D loss with respect to D's parameters only; and Flax NNX, where G and D are objects again and the D step differentiates D because D is the argument.
 #
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/functional-gan/functional_gan/blob/main/docs/notebooks/gan_step.ipynb)
 #
@@ -32,6 +32,7 @@ from functional_gan.lessons.gan import LESSON_GAN
 from functional_gan.lessons.gan import TORCH_G_GRADS_NONE
 from functional_gan.lessons.gan import TORCH_G_GRAD_SUM
 from functional_gan.lessons.gan import gan_d_loss
+from functional_gan.lessons.gan import gan_lesson_inputs
 from functional_gan.lessons.gan import torch_d_step_cost
 from functional_gan.lessons.notebooks import show, show_graphs
 from functional_gan.lessons.registry import LESSONS, run_side
@@ -113,11 +114,64 @@ def jax_gan_step() -> dict:
         results[JAX_G_GRAD_SUM.format(cut=cut)] = sum(float(jnp.sum(jnp.abs(leaf))) for leaf in jax.tree_util.tree_leaves(g_grads))
     return results
 
+# %% [markdown]
+# ### gan_step: NNX
+
+# %%
+def nnx_gan_step() -> dict:
+    from flax import nnx
+
+    from functional_gan import nnx_dcgan
+    from functional_gan.layers import bce_loss
+
+    variables_g, variables_d, real, noise = gan_lesson_inputs()
+    generator, discriminator = nnx_dcgan.make_models(LESSON_GAN)  # the same weights as the JAX column's
+    nnx_dcgan.load_linen(generator, variables_g["params"], variables_g["batch_stats"])
+    nnx_dcgan.load_linen(discriminator, variables_d["params"], variables_d["batch_stats"])
+
+    def bce(output, label):
+        return bce_loss(output, jnp.full(output.shape, label, output.dtype))
+
+    def d_loss(discriminator, generator, detach=True):
+        fake = generator(noise)
+        fake = jax.lax.stop_gradient(fake) if detach else fake  # PyTorch: fake.detach()
+        return bce(discriminator(real), 1.0) + bce(discriminator(fake), 0.0)
+
+    def g_loss(generator, discriminator):
+        return bce(discriminator(generator(noise)), 1.0)
+
+    # nnx.grad differentiates its first argument's nnx.Params: only D here, G is a constant.
+    d_only = {d: nnx.to_pure_dict(nnx.grad(d_loss)(discriminator, generator, d)) for d in (True, False)}
+    results = {
+        "grad wrt D only: its top-level keys are D's modules": sorted(d_only[True]) == sorted(discriminator.names),
+        "grad wrt D only: identical with and without stop_gradient": all(
+            bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(d_only[True]), jax.tree.leaves(d_only[False]))),
+    }
+    for detach, cut in ((True, "with stop_gradient"), (False, "without stop_gradient")):
+        _, g_grads = nnx.grad(d_loss, argnums=(0, 1))(discriminator, generator, detach)
+        results[JAX_G_GRAD_SUM.format(cut=cut)] = sum(float(jnp.sum(jnp.abs(leaf))) for leaf in jax.tree.leaves(g_grads))
+    g_only = nnx.to_pure_dict(nnx.grad(g_loss)(generator, discriminator))  # the G step: only G is differentiated
+    results["G step, nnx.grad(g_loss)(G, D): its keys are G's modules"] = sorted(g_only) == sorted(generator.names)
+    # model.eval() / model.train(), as in PyTorch: BatchNorm's running statistics move in train mode only.
+    before = nnx.to_pure_dict(nnx.state(generator, nnx.BatchStat))
+    generator.eval()
+    generator(noise)
+    unchanged = nnx.to_pure_dict(nnx.state(generator, nnx.BatchStat))
+    generator.train()
+    generator(noise)
+    moved = nnx.to_pure_dict(nnx.state(generator, nnx.BatchStat))
+    same = [bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(unchanged))]
+    results["after a pass in G.eval(): running statistics unchanged"] = all(same)
+    results["after a pass in G.train(): running means moved"] = not all(
+        bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(unchanged), jax.tree.leaves(moved)))
+    return results
+
 # %%
 show("The GAN's D step: detach() vs differentiating only D", {
     'PyTorch': run_side(torch_gan_step),
     'torch.func': run_side(torch_func_gan_step),
     'JAX': run_side(jax_gan_step),
+    'NNX': run_side(nnx_gan_step),
 })
 
 # %% [markdown]
@@ -131,6 +185,11 @@ show("The GAN's D step: detach() vs differentiating only D", {
 # cuts G's gradient to exact zeros. `torch.func.grad` over `functional_call` behaves as JAX does:
 # with respect to D's parameters only, the gradient is the same with or without `detach()` and
 # no `.grad` is filled anywhere; with respect to both, `detach()` makes G's gradient exactly 0.
+# Flax NNX brings PyTorch's objects back (G and D own their weights and BatchNorm statistics,
+# `eval()`/`train()` switch BatchNorm) while gradients stay functional: `nnx.grad(d_loss)(D, G)`
+# differentiates its first argument's parameters, so the D step differentiates D alone because
+# only D is the argument, and the G step `nnx.grad(g_loss)(G, D)` differentiates G alone;
+# `detach()` is still `stop_gradient`, with the same numbers as the JAX column.
 
 # %% [markdown]
 # ## The pictures

@@ -46,7 +46,7 @@ def add_lessons(subparsers) -> None:
 
 
 def run_lessons(args) -> int:
-    """The autograd lessons, PyTorch and JAX side by side."""
+    """The autograd lessons, PyTorch, torch.func, JAX and Flax NNX side by side."""
     from functional_gan import lessons
 
     results = []

@@ -117,6 +117,44 @@ def jax_argnums() -> dict:
     }
 
 
+def nnx_filters() -> dict:
+    import optax
+    from flax import nnx
+
+    class Sum(nnx.Module):  # x, y: state that is not a parameter (PyTorch: tensors without requires_grad)
+        def __init__(self):
+            self.x, self.y = nnx.Variable(jnp.ones((5, 5))), nnx.Variable(jnp.ones((5, 5)))
+            self.z = nnx.Param(jnp.ones((5, 5)))
+
+        def __call__(self):
+            return jnp.sum((self.x[...] + self.y[...]) + self.z[...])
+
+    grads = nnx.to_pure_dict(nnx.grad(lambda model: model())(Sum()))  # the module's nnx.Params only
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.encoder, self.head = nnx.Linear(3, 4, rngs=rngs), nnx.Linear(4, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.head(jnp.tanh(self.encoder(x)))
+
+    # Freezing (PyTorch: encoder.requires_grad_(False)): a filter names what is differentiated and updated.
+    model, head_only = Net(nnx.Rngs(0)), nnx.All(nnx.Param, nnx.PathContains("head"))
+    before = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    frozen = nnx.grad(lambda model: jnp.mean(model(jnp.ones((2, 3))) ** 2), argnums=nnx.DiffState(0, head_only))(model)
+    optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=head_only)
+    optimizer.update(model, frozen)  # in place, like optimizer.step()
+    after = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    return {
+        "grad wrt z (nnx.grad: the module's nnx.Param)": _value(grads["z"][0, :2]),
+        "the gradient's entries (x, y are nnx.Variable, not Param)": sorted(grads),
+        "DiffState(0, head filter): the gradient's modules": sorted(nnx.to_pure_dict(frozen)),
+        "after optimizer.update: encoder unchanged": all(
+            bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(before["encoder"]), jax.tree.leaves(after["encoder"]))),
+        "after optimizer.update: head changed": not bool(jnp.array_equal(before["head"]["kernel"], after["head"]["kernel"])),
+    }
+
+
 def torch_func_argnums() -> dict:
     import torch
     from torch.func import grad
@@ -142,8 +180,12 @@ register(
     carry no flag: `jax.grad(f, argnums=...)` names the arguments to differentiate at the call,
     and anything else (an argument not named, a value closed over) is a constant. `torch.func.grad`
     has the same `argnums`: no tensor needs `requires_grad=True`, and none is changed by the call.
+    Flax NNX puts the flag back on the module's state, by type: `nnx.grad` differentiates a
+    module's `nnx.Param`s and treats other `nnx.Variable`s as constants, and freezing part of a
+    model (PyTorch: `requires_grad_(False)`) is a filter given to `nnx.grad` (`DiffState`) and to
+    `nnx.Optimizer` (`wrt=`), not a flag on each tensor.
     """,
-    {"PyTorch": torch_requires_grad, "torch.func": torch_func_argnums, "JAX": jax_argnums},
+    {"PyTorch": torch_requires_grad, "torch.func": torch_func_argnums, "JAX": jax_argnums, "NNX": nnx_filters},
     family="basics",
 )
 

@@ -31,12 +31,7 @@ def gan_d_loss(config: TrainConfig = LESSON_GAN):
     tutorial's D loss, with ``stop_gradient(fake)`` when ``detach``.
     """
     generator, discriminator = make_models(config)
-    key_g, key_d, key_real, key_noise = jax.random.split(jax.random.key(config.seed), 4)
-    size = config.image_size
-    variables_g = generator.init(key_g, jnp.zeros((1, config.nz)))
-    variables_d = discriminator.init(key_d, jnp.zeros((1, size, size, config.nc)))
-    real = jax.random.uniform(key_real, (config.batch_size, size, size, config.nc), minval=-1, maxval=1)
-    noise = jax.random.normal(key_noise, (config.batch_size, config.nz))
+    variables_g, variables_d, real, noise = gan_lesson_inputs(config)
 
     def d_loss(generator_params, discriminator_params, detach=True):
         fake, _ = generator.apply(
@@ -46,6 +41,18 @@ def gan_d_loss(config: TrainConfig = LESSON_GAN):
         return loss
 
     return d_loss, variables_g["params"], variables_d["params"]
+
+
+def gan_lesson_inputs(config: TrainConfig = LESSON_GAN):
+    """The lesson's Linen variables of G and D (``init`` from the config's seed), its real batch and its noise."""
+    generator, discriminator = make_models(config)
+    key_g, key_d, key_real, key_noise = jax.random.split(jax.random.key(config.seed), 4)
+    size = config.image_size
+    variables_g = generator.init(key_g, jnp.zeros((1, config.nz)))
+    variables_d = discriminator.init(key_d, jnp.zeros((1, size, size, config.nc)))
+    real = jax.random.uniform(key_real, (config.batch_size, size, size, config.nc), minval=-1, maxval=1)
+    noise = jax.random.normal(key_noise, (config.batch_size, config.nz))
+    return variables_g, variables_d, real, noise
 
 
 def torch_d_step_cost(config: TrainConfig, detach: bool):
@@ -90,6 +97,55 @@ def jax_gan_step() -> dict:
     for detach, cut in ((True, "with stop_gradient"), (False, "without stop_gradient")):
         g_grads, _ = jax.grad(d_loss, argnums=(0, 1))(generator_params, discriminator_params, detach)
         results[JAX_G_GRAD_SUM.format(cut=cut)] = sum(float(jnp.sum(jnp.abs(leaf))) for leaf in jax.tree_util.tree_leaves(g_grads))
+    return results
+
+
+def nnx_gan_step() -> dict:
+    from flax import nnx
+
+    from functional_gan import nnx_dcgan
+    from functional_gan.layers import bce_loss
+
+    variables_g, variables_d, real, noise = gan_lesson_inputs()
+    generator, discriminator = nnx_dcgan.make_models(LESSON_GAN)  # the same weights as the JAX column's
+    nnx_dcgan.load_linen(generator, variables_g["params"], variables_g["batch_stats"])
+    nnx_dcgan.load_linen(discriminator, variables_d["params"], variables_d["batch_stats"])
+
+    def bce(output, label):
+        return bce_loss(output, jnp.full(output.shape, label, output.dtype))
+
+    def d_loss(discriminator, generator, detach=True):
+        fake = generator(noise)
+        fake = jax.lax.stop_gradient(fake) if detach else fake  # PyTorch: fake.detach()
+        return bce(discriminator(real), 1.0) + bce(discriminator(fake), 0.0)
+
+    def g_loss(generator, discriminator):
+        return bce(discriminator(generator(noise)), 1.0)
+
+    # nnx.grad differentiates its first argument's nnx.Params: only D here, G is a constant.
+    d_only = {d: nnx.to_pure_dict(nnx.grad(d_loss)(discriminator, generator, d)) for d in (True, False)}
+    results = {
+        "grad wrt D only: its top-level keys are D's modules": sorted(d_only[True]) == sorted(discriminator.names),
+        "grad wrt D only: identical with and without stop_gradient": all(
+            bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(d_only[True]), jax.tree.leaves(d_only[False]))),
+    }
+    for detach, cut in ((True, "with stop_gradient"), (False, "without stop_gradient")):
+        _, g_grads = nnx.grad(d_loss, argnums=(0, 1))(discriminator, generator, detach)
+        results[JAX_G_GRAD_SUM.format(cut=cut)] = sum(float(jnp.sum(jnp.abs(leaf))) for leaf in jax.tree.leaves(g_grads))
+    g_only = nnx.to_pure_dict(nnx.grad(g_loss)(generator, discriminator))  # the G step: only G is differentiated
+    results["G step, nnx.grad(g_loss)(G, D): its keys are G's modules"] = sorted(g_only) == sorted(generator.names)
+    # model.eval() / model.train(), as in PyTorch: BatchNorm's running statistics move in train mode only.
+    before = nnx.to_pure_dict(nnx.state(generator, nnx.BatchStat))
+    generator.eval()
+    generator(noise)
+    unchanged = nnx.to_pure_dict(nnx.state(generator, nnx.BatchStat))
+    generator.train()
+    generator(noise)
+    moved = nnx.to_pure_dict(nnx.state(generator, nnx.BatchStat))
+    same = [bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(unchanged))]
+    results["after a pass in G.eval(): running statistics unchanged"] = all(same)
+    results["after a pass in G.train(): running means moved"] = not all(
+        bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(unchanged), jax.tree.leaves(moved)))
     return results
 
 
@@ -142,8 +198,13 @@ register(
     cuts G's gradient to exact zeros. `torch.func.grad` over `functional_call` behaves as JAX does:
     with respect to D's parameters only, the gradient is the same with or without `detach()` and
     no `.grad` is filled anywhere; with respect to both, `detach()` makes G's gradient exactly 0.
+    Flax NNX brings PyTorch's objects back (G and D own their weights and BatchNorm statistics,
+    `eval()`/`train()` switch BatchNorm) while gradients stay functional: `nnx.grad(d_loss)(D, G)`
+    differentiates its first argument's parameters, so the D step differentiates D alone because
+    only D is the argument, and the G step `nnx.grad(g_loss)(G, D)` differentiates G alone;
+    `detach()` is still `stop_gradient`, with the same numbers as the JAX column.
     """,
-    {"PyTorch": torch_gan_step, "torch.func": torch_func_gan_step, "JAX": jax_gan_step},
+    {"PyTorch": torch_gan_step, "torch.func": torch_func_gan_step, "JAX": jax_gan_step, "NNX": nnx_gan_step},
     family="gan_step",
 )
 

@@ -82,6 +82,33 @@ def jax_straight_through() -> dict:
                 "d loss / d x": _value(jax.grad(loss)(x))}
 
 
+def nnx_straight_through() -> dict:
+    from flax import nnx
+
+    data = _inputs("straight_through")
+    with jax.enable_x64():
+        class Quantiser(nnx.Module):
+            def __init__(self, codebook):
+                self.codebook = nnx.Variable(jnp.asarray(codebook))  # state, not a parameter (PyTorch: a buffer)
+
+            def __call__(self, x):
+                codes = self.codebook[...]
+                q = codes[jnp.argmin(jnp.sum((x[:, None, :] - codes[None]) ** 2, -1), axis=1)]
+                return x + jax.lax.stop_gradient(q - x)  # forward: q; backward: the identity to x
+
+        class Encoder(nnx.Module):  # stands for an encoder whose output is x
+            def __init__(self, x):
+                self.x = nnx.Param(jnp.asarray(x))
+
+        def loss(encoder, quantiser):
+            return jnp.sum(jnp.sin(quantiser(encoder.x[...])))
+
+        encoder, quantiser = Encoder(data["x"]), Quantiser(data["codebook"])
+        grads = nnx.grad(loss, argnums=(0, 1))(encoder, quantiser)
+        return {"d loss / d x": _value(grads[0]["x"][...]),
+                "the quantiser's gradient entries (its codebook is no nnx.Param)": len(jax.tree.leaves(grads[1]))}
+
+
 register(
     "straight_through",
     "Straight-through estimator (VQ-VAE): x + (q − x).detach()",
@@ -91,8 +118,11 @@ register(
     x is the identity, so the encoder receives the decoder's gradient unchanged (here cos(q)).
     `stop_gradient` takes `detach()`'s place one for one, and `torch.func.grad` of the same
     expression agrees; the three gradients are equal to float64 rounding.
+    In Flax NNX the codebook is an `nnx.Variable` that is not an `nnx.Param` (PyTorch's buffer):
+    `nnx.grad` gives it no gradient entry at all, and the estimator's `stop_gradient` is JAX's.
     """,
-    {"PyTorch": torch_straight_through, "torch.func": torch_func_straight_through, "JAX": jax_straight_through},
+    {"PyTorch": torch_straight_through, "torch.func": torch_func_straight_through, "JAX": jax_straight_through,
+     "NNX": nnx_straight_through},
     family="idioms",
 )
 
@@ -241,6 +271,31 @@ def jax_target_network() -> dict:
                 "target after the soft update": _value(optax.incremental_update(online, target, step_size=TAU))}
 
 
+def nnx_target_network() -> dict:
+    from flax import nnx
+
+    data = _inputs("target_network")
+    with jax.enable_x64():
+        class LinearQ(nnx.Module):  # Q(s) = w · s
+            def __init__(self, w):
+                self.w = nnx.Param(jnp.asarray(w))
+
+            def __call__(self, s):
+                return s @ self.w[...]
+
+        online, target = LinearQ(data["online"]), LinearQ(data["target"])
+        s, s_next, r = (jnp.asarray(data[k]) for k in ("s", "s_next", "r"))
+
+        def loss(online, target):
+            td_target = jax.lax.stop_gradient(r + GAMMA * jnp.max(target(s_next), axis=1))
+            return jnp.mean((online(s) - td_target) ** 2)
+
+        grads = nnx.grad(loss)(online, target)  # only the first argument, the online network, is differentiated
+        # The soft update in place, as PyTorch's mul_/add_, and with no no_grad: nothing is being recorded.
+        nnx.update(target, optax.incremental_update(nnx.state(online, nnx.Param), nnx.state(target, nnx.Param), TAU))
+        return {"d loss / d online": _value(grads["w"][...]), "target after the soft update": _value(target.w[...])}
+
+
 register(
     "target_network",
     "Target network and soft update (DQN-style TD target)",
@@ -252,8 +307,12 @@ register(
     PyTorch and a new value in JAX (`optax.incremental_update`, or a `tree_map`); the EMA of a
     generator's weights (next lesson) is the same update with τ = 1 − decay. Gradients and
     updated targets agree to float64 rounding in all three columns.
+    In Flax NNX both networks are modules: `nnx.grad(loss)(online, target)` differentiates the
+    first argument only, and the soft update writes into the target module in place
+    (`nnx.update` with `optax.incremental_update`), as PyTorch's `mul_`/`add_` do, without `no_grad`.
     """,
-    {"PyTorch": torch_target_network, "torch.func": torch_func_target_network, "JAX": jax_target_network},
+    {"PyTorch": torch_target_network, "torch.func": torch_func_target_network, "JAX": jax_target_network,
+     "NNX": nnx_target_network},
     family="idioms",
 )
 
@@ -347,6 +406,38 @@ def jax_ema_generator() -> dict:
                 "the EMA generator's output, row 0": _value(generate(ema, z)[0])}
 
 
+def nnx_ema_generator() -> dict:
+    from flax import nnx
+
+    data = _ema_inputs()
+    with jax.enable_x64():
+        class Generator(nnx.Module):  # the same tiny "generator": tanh(z W1) W2
+            def __init__(self, W1, W2):
+                self.W1, self.W2 = nnx.Param(jnp.asarray(W1)), nnx.Param(jnp.asarray(W2))
+
+            def __call__(self, z):
+                return jnp.tanh(z @ self.W1[...]) @ self.W2[...]
+
+        net = Generator(data["W1"], data["W2"])
+        ema = nnx.clone(net)  # PyTorch: copy.deepcopy(net); nothing to switch off, it is never differentiated
+        z, target = jnp.asarray(data["z"]), jnp.asarray(data["target"])
+        optimizer = nnx.Optimizer(net, optax.sgd(EMA_LR), wrt=nnx.Param)
+        for _ in range(EMA_STEPS):
+            optimizer.update(net, nnx.grad(lambda net: jnp.mean((net(z) - target) ** 2))(net))
+            # ema ← decay·ema + (1 − decay)·net, written into the EMA module in place (no no_grad needed)
+            nnx.update(ema, optax.incremental_update(nnx.state(net, nnx.Param), nnx.state(ema, nnx.Param),
+                                                     1 - EMA_DECAY))
+        scratch = nnx.clone(net)
+        try:  # the in-place update PyTorch refuses outside no_grad (see its column)
+            scratch.W1[...] *= EMA_DECAY
+            outside = f"no error; W1 scaled by {float(scratch.W1[0, 0] / net.W1[0, 0]):g}"
+        except Exception as error:
+            outside = Raised.of(error)
+        return {"EMA W1": _value(ema.W1[...]), "EMA W2": _value(ema.W2[...]),
+                "the EMA generator's output, row 0": _value(ema(z)[0]),
+                "in-place update of a parameter, outside any no_grad": outside}
+
+
 register(
     "ema_generator",
     "The EMA of a generator's weights (a GAN habit): in-place lerp_ under no_grad vs optax.incremental_update",
@@ -360,8 +451,12 @@ register(
     and it can never receive a gradient because it is never an argument that is differentiated.
     After 4 SGD steps (lr 0.1, decay 0.9) the averaged weights and the averaged generator's output
     agree to float64 rounding in all three columns.
+    Flax NNX keeps PyTorch's shape of the code — `nnx.clone` for the copy, an in-place update of
+    the EMA module after each `optimizer.update` — without `no_grad` or `requires_grad_(False)`:
+    nothing is recorded, and the copy is never an argument of `nnx.grad`.
     """,
-    {"PyTorch": torch_ema_generator, "torch.func": torch_func_ema_generator, "JAX": jax_ema_generator},
+    {"PyTorch": torch_ema_generator, "torch.func": torch_func_ema_generator, "JAX": jax_ema_generator,
+     "NNX": nnx_ema_generator},
     family="idioms",
 )
 

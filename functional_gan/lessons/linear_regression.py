@@ -20,6 +20,25 @@ def book_setup():
     return x, y, {"b": jnp.float32(b0), "w": jnp.float32(w0)}
 
 
+def nnx_line(b: float, w: float):
+    """The book's model ``b + w·x`` as a Flax NNX module owning its two float32 parameters (like an ``nn.Module``)."""
+    from flax import nnx
+
+    class Line(nnx.Module):
+        def __init__(self, b, w):
+            self.b, self.w = nnx.Param(jnp.float32(b)), nnx.Param(jnp.float32(w))
+
+        def __call__(self, x):
+            return self.b[...] + self.w[...] * x
+
+    return Line(b, w)
+
+
+def nnx_mse(model, x, y):
+    """The book's loss for an NNX model: the mean squared error of ``model(x)``."""
+    return jnp.mean((model(x) - y) ** 2)
+
+
 # --------------------------------------------------------------------------------------------
 # 5. Accumulation and zero_()
 # --------------------------------------------------------------------------------------------
@@ -99,6 +118,30 @@ def jax_gradients_are_values() -> dict:
     }
 
 
+def nnx_gradients_are_values() -> dict:
+    from flax import nnx
+
+    x, y, _ = book_setup()
+    model = nnx_line(*linreg.BOOK_TORCH_START)
+    first = nnx.to_pure_dict(nnx.grad(nnx_mse)(model, x, y))  # returned, as in JAX; the model keeps no .grad
+    second = nnx.to_pure_dict(nnx.grad(nnx_mse)(model, x, y))
+    # Micro-batches: optax.MultiSteps inside an nnx.Optimizer; the running sum is the optimizer's state.
+    micro = nnx_line(*linreg.BOOK_TORCH_START)
+    optimizer = nnx.Optimizer(micro, optax.MultiSteps(optax.sgd(0.1), every_k_schedule=4), wrt=nnx.Param)
+    for part in range(4):
+        sl = slice(20 * part, 20 * (part + 1))
+        optimizer.update(micro, nnx.grad(nnx_mse)(micro, x[sl], y[sl]))  # in place; steps on the 4th call
+    whole = nnx_line(*linreg.BOOK_TORCH_START)
+    nnx.Optimizer(whole, optax.sgd(0.1), wrt=nnx.Param).update(whole, nnx.grad(nnx_mse)(whole, x, y))
+    return {
+        "first nnx.grad: b, w": [float(first["b"]), float(first["w"])],
+        "second nnx.grad: b, w": [float(second["b"]), float(second["w"])],
+        "the model's parameters have a .grad": hasattr(model.b, "grad"),
+        "MultiSteps(4 × 20 examples) in an nnx.Optimizer: b, w": [float(micro.b[...]), float(micro.w[...])],
+        "one SGD step on all 80: b, w": [float(whole.b[...]), float(whole.w[...])],
+    }
+
+
 register(
     "accumulation",
     "Gradient accumulation and zero_()",
@@ -114,9 +157,12 @@ register(
     gradient is a return value, twice gives the same value twice, and no `.grad` is filled. In JAX
     accumulating is something you write (`tree_map(add)`), or ask optax for: `optax.MultiSteps`
     averages k micro-batch gradients and steps once, which for equal micro-batches of a mean loss
-    equals one step on the whole batch.
+    equals one step on the whole batch. Flax NNX models own their parameters as PyTorch's do, but
+    `nnx.grad` still returns the gradient: nothing accumulates and there is no `zero_grad()`;
+    `optax.MultiSteps` inside an `nnx.Optimizer` keeps the micro-batch sum in the optimizer's state.
     """,
-    {"PyTorch": torch_accumulation, "torch.func": torch_func_accumulation, "JAX": jax_gradients_are_values},
+    {"PyTorch": torch_accumulation, "torch.func": torch_func_accumulation, "JAX": jax_gradients_are_values,
+     "NNX": nnx_gradients_are_values},
     family="linear_regression",
 )
 
@@ -208,6 +254,34 @@ def torch_func_new_values() -> dict:
     return {"params = p - lr * g, 1000 epochs: b, w": [_value(params["b"]), _value(params["w"])]}
 
 
+def nnx_in_place_updates() -> dict:
+    from flax import nnx
+
+    x, y, params = book_setup()
+    lr = 0.1
+    model = nnx_line(params["b"], params["w"])
+    grads = nnx.grad(nnx_mse)(model, x, y)
+    model.b[...] -= lr * grads["b"][...]  # in place, on a parameter, outside any no_grad: allowed
+    by_hand = float(model.b[...])
+
+    model = nnx_line(params["b"], params["w"])
+    optimizer = nnx.Optimizer(model, optax.sgd(lr), wrt=nnx.Param)
+    # A loop of 1000 steps in one program: the objects split into (graph, state) once, merged inside the scan's body.
+    graph, state = nnx.split((model, optimizer))
+
+    def epoch(state, _):
+        model, optimizer = nnx.merge(graph, state)
+        optimizer.update(model, nnx.grad(nnx_mse)(model, x, y))  # optimizer.step(): in place, no zero_grad
+        return nnx.state((model, optimizer)), None
+
+    state, _ = jax.lax.scan(epoch, state, None, length=linreg.EPOCHS)
+    nnx.update((model, optimizer), state)
+    return {
+        "model.b[...] -= lr * grad, outside no_grad: b": by_hand,
+        "nnx.Optimizer.update in place, 1000 epochs: b, w": [float(model.b[...]), float(model.w[...])],
+    }
+
+
 register(
     "update",
     "Updating parameters: the two errors and no_grad",
@@ -219,9 +293,14 @@ register(
     JAX arrays are immutable: the update *is* a new value (`tree_map(lambda p, g: p - lr * g)` or
     `optax.apply_updates`), there is no recording to hide it from and no `.grad` to lose. With
     `torch.func.grad` PyTorch can be written the same way: plain tensors, the gradient returned,
-    the update a new dict (1.0235, 1.9690 again).
+    the update a new dict (1.0235, 1.9690 again). Flax NNX brings PyTorch's in-place updates back
+    without its errors: `optimizer.update(model, grads)` writes the new values into the model, like
+    `optimizer.step()`, and `model.b[...] -= lr * g` is allowed anywhere, because nothing is recorded
+    (the gradient comes from `nnx.grad`, which reads the values). The same 1000 epochs give 1.0235,
+    1.9690; `nnx.split`/`nnx.merge` put the loop in one compiled `lax.scan`.
     """,
-    {"PyTorch": torch_update_pitfalls, "torch.func": torch_func_new_values, "JAX": jax_new_values},
+    {"PyTorch": torch_update_pitfalls, "torch.func": torch_func_new_values, "JAX": jax_new_values,
+     "NNX": nnx_in_place_updates},
     family="linear_regression",
 )
 

@@ -58,18 +58,28 @@ FAMILIES: dict[str, Family] = {
     for family in (
         Family("basics", "Autograd basics: detach, requires_grad, grad_fn, no_grad, retain_graph",
                "The first behaviours every PyTorch user meets, each run in PyTorch, in torch.func (PyTorch's "
-               "functional API) and in JAX.", "detach"),
+               "functional API) and in JAX. Flax NNX has a column where its answer differs from plain JAX's "
+               "(`requires_grad`: parameters by type, freezing by filter); `detach`, `grad_fn`, `no_grad` and "
+               "`retain_graph` are about values and traced programs, where NNX code is the JAX column's code.",
+               "detach"),
         Family("linear_regression", "Linear regression: accumulated gradients and parameter updates",
                "The linear regression of *Deep Learning with PyTorch Step by Step*: `.grad` that accumulates, "
-               "`zero_()`, and the two errors of a hand-written update, against gradients as return values.", "linreg"),
+               "`zero_()`, and the two errors of a hand-written update, against gradients as return values; "
+               "Flax NNX (modules that own their parameters, an optimizer that updates them in place) beside them.",
+               "linreg"),
         Family("gan_step", "The GAN step: `netD(fake.detach())` against differentiating only D",
                "The DCGAN tutorial's D step, where `detach()` stops the gradient at G's output, and what JAX does "
-               "instead: differentiate the D loss with respect to D's parameters only.", "dstep"),
+               "instead: differentiate the D loss with respect to D's parameters only; and Flax NNX, where G and D "
+               "are objects again and the D step differentiates D because D is the argument.", "dstep"),
         Family("idioms", "Gradient-stopping idioms: straight-through, truncated BPTT, target networks, EMA, SimSiam, WGAN-GP",
-               "The other places where PyTorch code calls `detach()` or `no_grad()`, ported one by one.", "idioms"),
+               "The other places where PyTorch code calls `detach()` or `no_grad()`, ported one by one. Flax NNX "
+               "has a column where a module is involved (straight-through's codebook, the target network, the EMA "
+               "copy); truncated BPTT, SimSiam, the gradient penalty and no_grad's memory cut values, and NNX "
+               "code does it with JAX's `stop_gradient`, as in the JAX column.", "idioms"),
         Family("compiled", "Proofs at the compiled level: what a step costs with and without the cut",
                "The D step (and WGAN-GP's critic step) compiled: convolutions and FLOPs counted in XLA's optimised "
-               "program and by PyTorch's FlopCounterMode."),
+               "program and by PyTorch's FlopCounterMode. The Flax NNX port of the step compiles to the same "
+               "program: `functional-gan bench` reports its XLA FLOP count equal to the Linen step's."),
     )
 }
 

@@ -48,6 +48,10 @@ def api_page() -> str:
     for module, names in _WHERE.items():
         parts.append(f"## `functional_gan.{module}`\n")
         parts.extend(f"::: functional_gan.{module}.{name}\n" for name in names)
+    parts.append("## `functional_gan.nnx_dcgan`: the DCGAN in Flax NNX\n")
+    parts.extend(f"::: functional_gan.nnx_dcgan.{name}\n" for name in (
+        "Generator", "Discriminator", "BatchNorm2d", "make_models", "make_optimizers", "nnx_step", "make_nnx_step",
+        "step_function", "make_train_step", "to_objects", "to_state", "from_linen"))
     parts.append("## The lessons\n")
     parts.extend(f"::: functional_gan.lessons.registry.{name}\n" for name in ("Lesson", "Family", "run_lesson", "run_side"))
     parts.extend(f"::: functional_gan.lessons.notebooks.{name}\n" for name in ("notebook_source", "write_notebooks", "execute_notebook"))
