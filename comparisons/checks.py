@@ -36,6 +36,21 @@ def check_float64_trajectory(spec: TrainConfig, name: str, torch_run=None, toler
     return result
 
 
+def check_nnx_float64_trajectory(spec: TrainConfig, torch_run, tolerance: float = 1e-12) -> CheckResult:
+    """The Flax NNX port of the step (``train --api nnx``) replaying the PyTorch run of the Linen row: the same
+    check (every metric, every final parameter and running statistic) on the same PyTorch run, within 1e-12
+    (measured over 100 steps: 3.1e-15; the Linen row's bound, 1e-10, leaves room for longer runs)."""
+    import dataclasses
+
+    result = compare_trajectory(
+        f"Flax NNX step float64 trajectory, small widths, {spec.steps} steps", dataclasses.replace(spec, api="nnx"),
+        torch_run.initial_generator, torch_run.initial_discriminator, torch_run.metrics, torch_run.final_generator,
+        torch_run.final_discriminator, tolerance,
+    )
+    result.noise_floor = "the Linen row's (the same PyTorch run)"
+    return result
+
+
 def check_loss_trajectory(spec: TrainConfig, tolerance: float = 1e-10) -> CheckResult:
     """A loss's own PyTorch reference loop (its entry's ``torch_reference``) against the JAX step, float64.
 

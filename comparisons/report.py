@@ -78,7 +78,12 @@ def run_suite(out_dir: str | Path, groups=GROUPS, quality_spec: quality.QualityS
         add(checks.check_linreg("float32"))
     curves = {}
     if "trajectories" in groups:
-        small = add(checks.check_float64_trajectory(SMALL_WIDTHS, f"DCGAN float64 trajectory, small widths, {SMALL_WIDTHS.steps} steps"))
+        from . import reference_runs
+
+        small_run = reference_runs.run_tutorial(SMALL_WIDTHS, "float64")
+        small = add(checks.check_float64_trajectory(SMALL_WIDTHS, f"DCGAN float64 trajectory, small widths, {SMALL_WIDTHS.steps} steps",
+                                                    small_run))
+        add(checks.check_nnx_float64_trajectory(SMALL_WIDTHS, small_run))
         add(checks.check_float64_trajectory(TUTORIAL_WIDTHS, "DCGAN float64 trajectory, the tutorial's widths (64×64, ngf = ndf = 64)"))
         from functional_gan.config import TUTORIAL
         from functional_gan.losses import LOSSES

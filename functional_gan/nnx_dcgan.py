@@ -326,12 +326,24 @@ def step_function(config: TrainConfig):
     check_config(config)
 
     def train_step(state: GANState, real_NHWC: jax.Array):
-        noise = step_noise(config, state.step, real_NHWC.shape[0], real_NHWC.dtype)
-        objects = to_objects(config, state)
-        metrics = nnx_step(*objects, real_NHWC, noise)
-        return to_state(objects, state), metrics
+        return gan_step(config, state, real_NHWC, step_noise(config, state.step, real_NHWC.shape[0], real_NHWC.dtype))
 
     return train_step
+
+
+def gan_step(config: TrainConfig, state: GANState, real_NHWC: jax.Array, noise_NZ: jax.Array):
+    """:func:`nnx_step` as a pure function of the state, the batch and the noise, as
+    :func:`functional_gan.train.gan_step` is the Linen one: ``(state, metrics)``."""
+    objects = to_objects(config, state)
+    metrics = nnx_step(*objects, real_NHWC, noise_NZ)
+    return to_state(objects, state), metrics
+
+
+def make_gan_step(config: TrainConfig):
+    """:func:`gan_step` jitted with the noise as an argument, ``step(state, real_NHWC, noise_NZ)``: the NNX step
+    replaying a PyTorch run (as :func:`functional_gan.train.make_gan_step` does for Linen)."""
+    check_config(config)
+    return jax.jit(lambda state, real_NHWC, noise_NZ, mix_N=None: gan_step(config, state, real_NHWC, noise_NZ))
 
 
 def make_train_step(config: TrainConfig, mesh=None):

@@ -130,7 +130,12 @@ def replay(
     with jax.enable_x64(dtype == "float64"):
         jdtype = jnp.float64 if dtype == "float64" else jnp.float32
         state = state_from_state_dicts(config, generator_sd, discriminator_sd, jdtype)
-        step = make_gan_step(config)
+        if config.api == "nnx":  # the Flax NNX port of the same step
+            from functional_gan import nnx_dcgan
+
+            step = nnx_dcgan.make_gan_step(config)
+        else:
+            step = make_gan_step(config)
         metrics = []
         for t in range(real_NCHW.shape[0]):
             real = jnp.asarray(real_NCHW[t].transpose(0, 2, 3, 1), jdtype)

@@ -29,6 +29,7 @@ def _result(suite, prefix):
         "linear regression, float32",
         "DCGAN float64 trajectory, small widths, 100 steps",
         "DCGAN float64 trajectory, the tutorial's widths",
+        "Flax NNX step float64 trajectory, small widths, 100 steps",
         "wgan-gp float64 trajectory, small widths, 30 steps",
         "hinge float64 trajectory, small widths, 30 steps",
         "float32 teacher forcing, 50 steps",
@@ -44,6 +45,11 @@ def test_check_passes(suite, prefix):
 def test_float64_trajectory_is_exact_to_1e_10_at_every_step(suite):
     curve = _result(suite, "DCGAN float64 trajectory, small widths").curves["per_step_max_abs"]
     assert len(curve) == 100 and np.all(curve <= 1e-10)
+
+
+def test_the_nnx_step_replays_the_same_pytorch_run_to_1e_12_at_every_step(suite):
+    curve = _result(suite, "Flax NNX step float64 trajectory").curves["per_step_max_abs"]
+    assert len(curve) == 100 and np.all(curve <= 1e-12)
 
 
 def test_teacher_forcing_holds_at_every_step(suite):
