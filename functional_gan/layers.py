@@ -92,6 +92,49 @@ def _conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+# im2col on CPU: a strided convolution as one matrix product, its input's kH·kW strided slices stacked along the
+# channels ("patches", (N, OH, OW, kH·kW·C)) times the kernel as a (kH·kW·C, out) matrix; its kernel gradient is
+# patchesᵀ · dy. XLA:CPU runs a large GEMM near the matmul peak, where its convolution of these two shapes lags:
+# the first layer (C = 3: a 48-wide patch, a thin convolution) and a small output (≤ 4×4: few positions, many
+# channels). Per-layer prototype at batch 64 (forward / kernel gradient, ms): D's main.0 13.4 → 7.4 / 23.1 → 10.8,
+# main.8 63.8 → 45.5 / 61.2 → 46.8; the middle layers lost (main.2 48 → 94 / 82 → 132), so they keep the
+# convolution. Exact in float64 to rounding (tested against PyTorch). IM2COL = False turns it off (for A/B runs).
+IM2COL = True
+IM2COL_MAX_CHANNELS = 4  # input channels up to which a strided convolution is a GEMM (the image layer)
+IM2COL_MAX_POSITIONS = 16  # output positions (OH·OW) up to which it is
+
+
+def _use_im2col(x_NHWC, weight_OIHW, stride: int, padding: int) -> bool:
+    if not IM2COL or stride == 1 or jax.default_backend() != "cpu":
+        return False
+    oh = _conv_output_size(x_NHWC.shape[1], weight_OIHW.shape[2], stride, padding)
+    ow = _conv_output_size(x_NHWC.shape[2], weight_OIHW.shape[3], stride, padding)
+    return weight_OIHW.shape[1] <= IM2COL_MAX_CHANNELS or oh * ow <= IM2COL_MAX_POSITIONS
+
+
+def _patches(x_NHWC, kernel_hw, stride: int, padding: int):
+    """(N·OH·OW, kH·kW·C): each output position's receptive field, ordered (kernel row, kernel column, channel)."""
+    (kh, kw), (n, h, w, c) = kernel_hw, x_NHWC.shape
+    oh, ow = _conv_output_size(h, kh, stride, padding), _conv_output_size(w, kw, stride, padding)
+    x = jnp.pad(x_NHWC, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+    cols = [lax.slice(x, (0, i, j, 0), (n, i + stride * (oh - 1) + 1, j + stride * (ow - 1) + 1, c), (1, stride, stride, 1))
+            for i in range(kh) for j in range(kw)]
+    return jnp.concatenate(cols, axis=-1).reshape(n * oh * ow, kh * kw * c), (n, oh, ow)
+
+
+def _im2col_conv2d(x_NHWC, weight_OIHW, stride, padding):
+    patches, (n, oh, ow) = _patches(x_NHWC, weight_OIHW.shape[2:], stride, padding)
+    kernel = jnp.transpose(weight_OIHW, (2, 3, 1, 0)).reshape(-1, weight_OIHW.shape[0])  # (kH·kW·C, out)
+    return (patches @ kernel).reshape(n, oh, ow, weight_OIHW.shape[0])
+
+
+def _im2col_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding):
+    patches, _ = _patches(x_NHWC, weight_OIHW.shape[2:], stride, padding)
+    grad = patches.T @ dy_NHWC.reshape(-1, weight_OIHW.shape[0])  # (kH·kW·C, out)
+    o, i, kh, kw = weight_OIHW.shape
+    return jnp.transpose(grad.reshape(kh, kw, i, o), (3, 2, 0, 1))
+
+
 def _whole_batch_conv2d(x_NHWC, weight_OIHW, stride, padding):
     return lax.conv_general_dilated(
         x_NHWC,
@@ -103,6 +146,8 @@ def _whole_batch_conv2d(x_NHWC, weight_OIHW, stride, padding):
 
 
 def _lax_conv2d(x_NHWC, weight_OIHW, stride, padding):
+    if _use_im2col(x_NHWC, weight_OIHW, stride, padding):
+        return _im2col_conv2d(x_NHWC, weight_OIHW, stride, padding)
     out_h = _conv_output_size(x_NHWC.shape[1], weight_OIHW.shape[2], stride, padding)
     out_w = _conv_output_size(x_NHWC.shape[2], weight_OIHW.shape[3], stride, padding)
     return _map_batch(
@@ -113,7 +158,10 @@ def _lax_conv2d(x_NHWC, weight_OIHW, stride, padding):
 
 
 def _conv2d_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding):
-    """The kernel gradient of ``conv2d(x, ·)`` at output cotangent ``dy``: an ordinary weight-gradient convolution."""
+    """The kernel gradient of ``conv2d(x, ·)`` at output cotangent ``dy``: an ordinary weight-gradient convolution
+    (or patchesᵀ · dy where the forward is a GEMM)."""
+    if _use_im2col(x_NHWC, weight_OIHW, stride, padding):
+        return _im2col_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding)
 
     def gradient(x, dy):  # one chunk: the split is decided here, not again inside
         _, kernel_vjp = jax.vjp(lambda w: _whole_batch_conv2d(x, w, stride, padding), weight_OIHW)

@@ -90,6 +90,33 @@ def test_conv2d_matches_torch(case, dtype, rtol, atol, conv_impl):
     np.testing.assert_allclose(dw, tdw, rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("case,gemm", [
+    ((3, 8, 4, 2, 1, 16), True),  # D's first layer: 3 input channels
+    ((16, 32, 4, 2, 1, 8), True),  # D's last strided layer: an 8×8 input, a 4×4 output
+    ((8, 16, 4, 2, 1, 16), False),  # the middle layers keep the convolution
+])
+def test_strided_convolutions_chosen_as_one_gemm_match_torch_and_the_convolution(case, gemm, monkeypatch):
+    """im2col (the input's strided slices stacked, one matrix product; the kernel gradient patchesᵀ · dy) where the
+    shape asks for it: forward and both gradients equal PyTorch's and the convolution's to float64 rounding."""
+    cin, cout, k, s, p, size = case
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(4, cin, size, size))
+    w = rng.normal(size=(cout, cin, k, k))
+    out = (size + 2 * p - k) // s + 1
+    cotangent = rng.normal(size=(4, cout, out, out))
+    with jax.enable_x64(True):
+        assert layers._use_im2col(jnp.zeros((4, size, size, cin)), jnp.asarray(w), s, p) is gemm
+        ours = _jax_grads(lambda a, b: conv2d(a, b, s, p), nchw_to_nhwc(x), w, nchw_to_nhwc(cotangent))
+        monkeypatch.setattr(layers, "IM2COL", False)
+        convolution = _jax_grads(lambda a, b: conv2d(a, b, s, p), nchw_to_nhwc(x), w, nchw_to_nhwc(cotangent))
+    theirs = _torch_grads(lambda a, b: torch.nn.functional.conv2d(a, b, stride=s, padding=p), x, w, cotangent)
+    for mine, conv, torch_value in zip(ours, convolution, theirs):
+        np.testing.assert_allclose(mine, conv, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(nhwc_to_nchw(ours[0]), theirs[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(nhwc_to_nchw(ours[1]), theirs[1], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ours[2], theirs[2], rtol=1e-12, atol=1e-12)
+
+
 def _float64_inputs(rng, x_shape, w_shape):
     """Random float64 activations (NHWC) and kernel as JAX arrays (call under jax.enable_x64)."""
     return jnp.asarray(rng.normal(size=x_shape)), jnp.asarray(rng.normal(size=w_shape))
@@ -151,6 +178,7 @@ def test_conv2d_gradient_with_uncovered_input_rows_matches_torch(case):
 
 def test_batch_chunking_on_cpu_gives_the_unchunked_values(monkeypatch):
     """Convolutions split along the batch (the CPU cache budget) equal the whole-batch ones."""
+    monkeypatch.setattr(layers, "IM2COL", False)  # 4 input channels would otherwise be one GEMM, never split
     rng = np.random.default_rng(7)
     with jax.enable_x64(True):
         x = jnp.asarray(rng.normal(size=(8, 8, 8, 4)))
