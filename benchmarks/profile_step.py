@@ -154,7 +154,7 @@ def markdown(jax_rows, torch_rows, top: int, header: str) -> str:
     for title, rows in (("JAX (XLA:CPU), per kind of HLO operation and shape", jax_rows), ("PyTorch eager, per operator (self time)", torch_rows)):
         lines += [f"**{title}**", "", "| # | operation | ms / step | share of busy time | calls / step | what |",
                   "|---|---|---|---|---|---|"]
-        lines += [f"| {i} | `{r.name[:48]}` | {r.ms_per_step:.1f} | {100 * r.share:.1f}% | {r.calls_per_step:g} | {r.what[:110]} |"
+        lines += [f"| {i} | `{r.name[:48]}` | {r.ms_per_step:.1f} | {100 * r.share:.1f}% | {r.calls_per_step:g} | `{r.what[:110]}` |"
                   for i, r in enumerate(rows[:top], 1)]
         covered = sum(r.share for r in rows[:top])
         lines += ["", f"The top {top} hold {100 * covered:.0f}% of the busy time ({len(rows)} operations in all).", ""]
