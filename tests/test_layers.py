@@ -90,6 +90,15 @@ def test_conv2d_matches_torch(case, dtype, rtol, atol, conv_impl):
     np.testing.assert_allclose(dw, tdw, rtol=rtol, atol=atol)
 
 
+def _float64_conv_case(case, seed: int, batch: int):
+    """NCHW float64 input, OIHW kernel and output cotangent for a conv case (in, out, kernel, stride, padding, size)."""
+    cin, cout, k, s, p, size = case
+    rng = np.random.default_rng(seed)
+    out = (size + 2 * p - k) // s + 1
+    return (rng.normal(size=(batch, cin, size, size)), rng.normal(size=(cout, cin, k, k)),
+            rng.normal(size=(batch, cout, out, out)))
+
+
 @pytest.mark.parametrize("case,gemm", [
     ((3, 8, 4, 2, 1, 16), True),  # D's first layer: 3 input channels
     ((16, 32, 4, 2, 1, 8), True),  # D's last strided layer: an 8×8 input, a 4×4 output
@@ -99,11 +108,7 @@ def test_strided_convolutions_chosen_as_one_gemm_match_torch_and_the_convolution
     """im2col (the input's strided slices stacked, one matrix product; the kernel gradient patchesᵀ · dy) where the
     shape asks for it: forward and both gradients equal PyTorch's and the convolution's to float64 rounding."""
     cin, cout, k, s, p, size = case
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(4, cin, size, size))
-    w = rng.normal(size=(cout, cin, k, k))
-    out = (size + 2 * p - k) // s + 1
-    cotangent = rng.normal(size=(4, cout, out, out))
+    x, w, cotangent = _float64_conv_case(case, seed=3, batch=4)
     with jax.enable_x64(True):
         assert layers._use_im2col(jnp.zeros((4, size, size, cin)), jnp.asarray(w), s, p) is gemm
         ours = _jax_grads(lambda a, b: conv2d(a, b, s, p), nchw_to_nhwc(x), w, nchw_to_nhwc(cotangent))
@@ -164,11 +169,7 @@ def test_second_derivatives_equal_jax_autodiff(case):
 @pytest.mark.parametrize("case", _odd_size_conv_cases())
 def test_conv2d_gradient_with_uncovered_input_rows_matches_torch(case):
     cin, cout, k, s, p, size = case
-    rng = np.random.default_rng(6)
-    x = rng.normal(size=(2, cin, size, size))
-    w = rng.normal(size=(cout, cin, k, k))
-    out = (size + 2 * p - k) // s + 1
-    cotangent = rng.normal(size=(2, cout, out, out))
+    x, w, cotangent = _float64_conv_case(case, seed=6, batch=2)
     with jax.enable_x64(True):
         y, dx, dw = _jax_grads(lambda a, b: conv2d(a, b, s, p), nchw_to_nhwc(x), w, nchw_to_nhwc(cotangent))
     ty, tdx, tdw = _torch_grads(lambda a, b: torch.nn.functional.conv2d(a, b, stride=s, padding=p), x, w, cotangent)
