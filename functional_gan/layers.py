@@ -98,8 +98,12 @@ def _conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
 # the first layer (C = 3: a 48-wide patch, a thin convolution) and a small output (≤ 4×4: few positions, many
 # channels). Per-layer prototype at batch 64 (forward / kernel gradient, ms): D's main.0 13.4 → 7.4 / 23.1 → 10.8,
 # main.8 63.8 → 45.5 / 61.2 → 46.8; the middle layers lost (main.2 48 → 94 / 82 → 132), so they keep the
-# convolution. Exact in float64 to rounding (tested against PyTorch). IM2COL = False turns it off (for A/B runs).
-IM2COL = True
+# convolution. Exact in float64 to rounding (tested against PyTorch, one device).
+# Off by default: in a run of 2 processes × 2 CPU devices on jax 0.12 its kernel gradients differed from the same
+# run in one process by ~1e-2 (Adam's first moments by 1.3e-3, against 4.5e-7 with it off; tests/test_sharding.py),
+# and its gain on the step was small (same-run A/B: −0.7 to −7% at batch 64, −3.7% at 128). IM2COL = True for A/B
+# runs on one process.
+IM2COL = False
 IM2COL_MAX_CHANNELS = 4  # input channels up to which a strided convolution is a GEMM (the image layer)
 IM2COL_MAX_POSITIONS = 16  # output positions (OH·OW) up to which it is
 

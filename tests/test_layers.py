@@ -109,6 +109,7 @@ def test_strided_convolutions_chosen_as_one_gemm_match_torch_and_the_convolution
     shape asks for it: forward and both gradients equal PyTorch's and the convolution's to float64 rounding."""
     cin, cout, k, s, p, size = case
     x, w, cotangent = _float64_conv_case(case, seed=3, batch=4)
+    monkeypatch.setattr(layers, "IM2COL", True)  # opt-in (see layers.IM2COL)
     with jax.enable_x64(True):
         assert layers._use_im2col(jnp.zeros((4, size, size, cin)), jnp.asarray(w), s, p) is gemm
         ours = _jax_grads(lambda a, b: conv2d(a, b, s, p), nchw_to_nhwc(x), w, nchw_to_nhwc(cotangent))
