@@ -1,7 +1,33 @@
 """Shared test settings, as the JAX anchors write them: strict dtype promotion and a key fixture."""
 
+import os
+import shutil
+import tempfile
+
 import jax
 import pytest
+
+
+def pytest_configure(config):
+    """One JAX compilation cache for the session, empty at its start and removed at its end.
+
+    A program that several tests compile (an eager operation on the tiny models' shapes, the tiny step in each
+    command a test starts) is compiled once and loaded by the others: pytest-xdist's workers and every subprocess
+    inherit the folder through ``JAX_COMPILATION_CACHE_DIR`` (it also keeps the tests' commands out of the user's
+    own cache). XLA's flags, the devices and the dtypes are part of a program's key: a test that changes one of
+    them compiles its own program.
+    """
+    if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
+        config._jax_cache = tempfile.mkdtemp(prefix="functional-gan-tests-jax-cache-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = config._jax_cache
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_jax_cache", None):
+        shutil.rmtree(config._jax_cache, ignore_errors=True)
 
 
 @pytest.fixture
