@@ -1,4 +1,4 @@
-"""Shared test settings, as the JAX anchors write them: strict dtype promotion and a key fixture."""
+"""Shared test settings, as the JAX anchors write them: one compilation cache per session, strict dtype promotion and a key fixture."""
 
 import os
 import shutil
@@ -6,6 +6,8 @@ import tempfile
 
 import jax
 import pytest
+
+_CACHE_FOLDER = pytest.StashKey[str]()
 
 
 def pytest_configure(config):
@@ -18,16 +20,16 @@ def pytest_configure(config):
     them compiles its own program.
     """
     if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
-        config._jax_cache = tempfile.mkdtemp(prefix="functional-gan-tests-jax-cache-")
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = config._jax_cache
+        config.stash[_CACHE_FOLDER] = tempfile.mkdtemp(prefix="functional-gan-tests-jax-cache-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = config.stash[_CACHE_FOLDER]
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def pytest_unconfigure(config):
-    if getattr(config, "_jax_cache", None):
-        shutil.rmtree(config._jax_cache, ignore_errors=True)
+    if _CACHE_FOLDER in config.stash:
+        shutil.rmtree(config.stash[_CACHE_FOLDER], ignore_errors=True)
 
 
 @pytest.fixture
