@@ -279,7 +279,8 @@ def find_divergence(
     check_batches(real_NCHW, noise_NCHW, config)
     history = []
     float32 = dtype == "float32"
-    with default_dtype(torch.float64), jax.enable_x64(True):
+    # Full float32 on GPUs/TPUs (no TF32 or bf16 passes; no effect on CPUs), as PyTorch's side on the CPU computes.
+    with default_dtype(torch.float64), jax.enable_x64(True), jax.default_matmul_precision("highest"):
         jdtype = jnp.float32 if float32 else jnp.float64
         net_g, net_d = dcgan.make_models(config, dtype=torch.float64)
         dcgan.load_state_dict_numpy(net_g, generator_sd)

@@ -907,7 +907,9 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         raise SpecError(f"steps must be at least 1, got {steps}")
     if not programs or any(p not in PROGRAMS for p in programs):
         raise SpecError(f"programs must be taken from {PROGRAMS}, got {programs!r}")
-    with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext():
+    # Full float32 on GPUs/TPUs (no TF32 or bf16 passes, no effect on CPUs): PyTorch's side runs on the CPU, and its
+    # float32 noise is the yardstick.
+    with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext(), jax.default_matmul_precision("highest"):
         run = _prepare(spec, dtype, k, seed, programs)
         optimizer = spec.jax_optimizer() if spec.jax_optimizer else None
         step_fn = _jax_step_function(run.adapter, spec, optimizer)

@@ -32,6 +32,17 @@ def pytest_unconfigure(config):
         shutil.rmtree(config.stash[_CACHE_FOLDER], ignore_errors=True)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def full_float32_on_accelerators():
+    """On a GPU or TPU, float32 at full precision on both sides (no TF32 or bf16 passes), as ``compare`` runs: the
+    tests' float32 tolerances are PyTorch's full-precision noise. Nothing changes on a CPU."""
+    if jax.default_backend() != "cpu":
+        from functional_gan.comparisons.report import set_parity_precision
+
+        set_parity_precision()
+    yield
+
+
 @pytest.fixture
 def strict_dtype_promotion():
     """Mixing dtypes implicitly (float32 with float64, ints with floats) is an error inside the test.

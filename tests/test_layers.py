@@ -99,6 +99,12 @@ def _float64_conv_case(case, seed: int, batch: int):
             rng.normal(size=(batch, cout, out, out)))
 
 
+# Choices this project makes for XLA:CPU alone (im2col, batch chunks): other backends keep the plain convolution.
+CPU_CHOICE = pytest.mark.skipif(jax.default_backend() != "cpu", reason="a choice made for XLA:CPU only; other backends "
+                                "run the plain convolution, which the other tests of this file check")
+
+
+@CPU_CHOICE
 @pytest.mark.parametrize("case,gemm", [
     ((3, 8, 4, 2, 1, 16), True),  # D's first layer: 3 input channels
     ((16, 32, 4, 2, 1, 8), True),  # D's last strided layer: an 8×8 input, a 4×4 output
@@ -178,6 +184,7 @@ def test_conv2d_gradient_with_uncovered_input_rows_matches_torch(case):
     np.testing.assert_allclose(dw, tdw, rtol=1e-12, atol=1e-12)
 
 
+@CPU_CHOICE
 def test_batch_chunking_on_cpu_gives_the_unchunked_values(monkeypatch):
     """Convolutions split along the batch (the CPU cache budget) equal the whole-batch ones."""
     monkeypatch.setattr(layers, "IM2COL", False)  # 4 input channels would otherwise be one GEMM, never split

@@ -127,7 +127,7 @@ def d_step(net_g, net_d, criterion, real, noise, detach: bool = True, backward: 
     measure what that costs); the G step then needs the graph, so the fake loss's backward keeps it.
     """
     b_size = real.size(0)
-    label = torch.full((b_size,), REAL_LABEL, dtype=real.dtype)
+    label = torch.full((b_size,), REAL_LABEL, dtype=real.dtype, device=real.device)
     hooks.before_pass("D(real)")
     output_real = net_d(real).view(-1)
     err_d_real = criterion(output_real, label)
@@ -135,7 +135,7 @@ def d_step(net_g, net_d, criterion, real, noise, detach: bool = True, backward: 
         err_d_real.backward()
     hooks.before_pass("G")
     fake = net_g(noise)
-    label = torch.full((b_size,), FAKE_LABEL, dtype=real.dtype)
+    label = torch.full((b_size,), FAKE_LABEL, dtype=real.dtype, device=real.device)
     hooks.before_pass("D(fake.detach())" if detach else "D(fake)")
     output_fake = net_d(fake.detach() if detach else fake).view(-1)
     err_d_fake = criterion(output_fake, label)
@@ -159,7 +159,7 @@ def tutorial_iteration(net_g, net_d, optimizer_g, optimizer_d, criterion, real, 
     hooks.after_d_step(net_d)
     # (2) Update G network: maximize log(D(G(z)))
     net_g.zero_grad()
-    label = torch.full((real.size(0),), REAL_LABEL, dtype=real.dtype)
+    label = torch.full((real.size(0),), REAL_LABEL, dtype=real.dtype, device=real.device)
     hooks.before_pass("D updated (fake)")
     output = net_d(d.fake).view(-1)
     err_g = criterion(output, label)
