@@ -129,7 +129,7 @@ def test_continue_a_pytorch_run_in_jax_then_export_it_back(tmp_path, tutorial_fi
     torch_g, torch_d = copy.deepcopy(net_g), copy.deepcopy(net_d)
     optimizer_g, optimizer_d = torch_reference.make_optimizers(torch_g, torch_d, CONFIG)
     real = load_dataset("fake", 64, nc).batch(CONFIG.seed, 0, 8).transpose(0, 3, 1, 2)
-    noise = np.asarray(step_noise(CONFIG, 0, 8)).reshape(8, nz, 1, 1)
+    noise = np.array(step_noise(CONFIG, 0, 8)).reshape(8, nz, 1, 1)  # a copy: torch.from_numpy warns on a read-only one
     expected = torch_reference.tutorial_iteration(torch_g, torch_d, optimizer_g, optimizer_d, nn.BCELoss(),
                                                   torch.from_numpy(real), torch.from_numpy(noise))
     logged = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
