@@ -30,8 +30,8 @@ def pytest_configure(config):
     """
     if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
         # PyTorch's OpenMP threads, one set per worker: with 2 workers on 2 cores, each worker's 2 default threads
-        # spin against the other worker's (the whole suite, same machine: user CPU 1244 → 1139 s, wall 11 min 37 s →
-        # 11 min 04 s). The workers and the commands the tests start inherit it; a value the user set is kept.
+        # spin against the other worker's (the whole suite, same machine: user CPU 1244 → 1178 s, wall 11 min 37 s →
+        # 10 min 58 s). The workers and the commands the tests start inherit it; a value the user set is kept.
         threads = _threads_per_worker(config)
         if threads is not None:
             os.environ.setdefault("OMP_NUM_THREADS", str(threads))
