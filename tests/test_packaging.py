@@ -1,12 +1,15 @@
 """What gets installed: a wheel that runs `compare` on its fixtures, and a JAX library free of torch."""
 
 import ast
+import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,13 +116,56 @@ def test_a_training_step_runs_with_torch_unimportable(tmp_path):
     assert "torch unimportable; step ran" in out.stdout
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    dist = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(ROOT)],
+def _built(dist: Path, *flags: str) -> Path:
+    # From a clean copy of the source tree: setuptools leaves build/ and *.egg-info/ in the folder it builds, and
+    # a later build reuses what they list (a module deleted or forgotten since would still ship); the copy also
+    # keeps two test processes from building in the same folder at once.
+    source = dist / "source"
+    top_level_outputs = {".git", ".venv", ".venv312", "build", "runs", "site", ".cache", ".pytest_cache"}
+
+    def ignore(folder, names):
+        outputs = top_level_outputs if Path(folder) == ROOT else set()
+        return [n for n in names if n in outputs or n == "__pycache__" or n.endswith(".egg-info")]
+
+    shutil.copytree(ROOT, source, ignore=ignore)
+    subprocess.run([sys.executable, "-m", "build", *flags, "--outdir", str(dist), str(source)],
                    check=True, capture_output=True, timeout=600)
     (path,) = dist.glob("functional_gan-*.whl")
     return path
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    return _built(tmp_path_factory.mktemp("dist"), "--wheel")
+
+
+def _installed_name(folder_name: str, relative: Path) -> str:
+    return "/".join(["functional_gan", *([] if folder_name == "functional_gan" else [folder_name]), *relative.parts])
+
+
+def expected_wheel_files() -> set[str]:
+    """What the wheel must hold, read off the source tree: every .py file under the three folders and the data the
+    code opens at run time (the recorded PyTorch runs in comparisons/fixtures/), at their installed paths."""
+    from functional_gan.comparisons import fixtures
+
+    expected = set()
+    for folder_name in ("functional_gan", "comparisons", "benchmarks"):
+        folder = ROOT / folder_name
+        expected |= {_installed_name(folder_name, p.relative_to(folder)) for p in folder.rglob("*.py")}
+    data = sorted(fixtures.FIXTURE_DIR.glob("*.npz"))
+    assert data, "no recorded fixtures found in the source tree"
+    return expected | {_installed_name("comparisons", p.relative_to(ROOT / "comparisons")) for p in data}
+
+
+@pytest.mark.parametrize("route", ["wheel from the source tree", "wheel from the sdist"])
+def test_the_wheel_ships_every_module_and_data_file_of_the_source_tree(route, tmp_path):
+    # `python -m build` with no flag builds the sdist, then the wheel from the unpacked sdist (what pip does with an
+    # sdist from PyPI); `--wheel` builds the wheel from the checkout.
+    path = _built(tmp_path, *(["--wheel"] if route.startswith("wheel from the source") else []))
+    names = {n for n in zipfile.ZipFile(path).namelist() if not n.split("/")[0].endswith(".dist-info")}
+    missing = expected_wheel_files() - names
+    assert not missing, f"the {route} leaves out {len(missing)} files: {sorted(missing)}"
+    assert {n for n in names if n.endswith(".py")} <= expected_wheel_files()  # nothing from outside the three folders
 
 
 def test_the_wheel_holds_one_package_with_its_fixtures_and_no_tests(wheel):
@@ -131,20 +177,75 @@ def test_the_wheel_holds_one_package_with_its_fixtures_and_no_tests(wheel):
     assert not [name for name in names if Path(name).name.startswith("test_")]
 
 
-def test_a_wheel_install_runs_compare_on_its_recorded_fixtures(wheel, tmp_path):
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True, timeout=600)
-    # Run from an empty folder with only the installed copy on the path (not this checkout).
-    script = (
-        "import sys, functional_gan\n"
-        f"assert functional_gan.__file__.startswith({str(site)!r}), functional_gan.__file__\n"
-        "from functional_gan.main import main\n"
-        "sys.exit(main(['compare', '--skip-quality', '--only', 'fixtures', '--out', 'report']))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+def _fresh_environment(folder: Path, wheel: Path, torch: bool) -> Path:
+    """A virtual environment that has never seen the checkout, with the wheel installed as users install it.
+
+    Its dependencies (jax, flax, ... and torch where asked) are this test interpreter's site-packages, on its path
+    through a plain path line in a .pth file: a path line puts the folder on ``sys.path`` but runs none of the .pth
+    files inside it, so this project's editable install (a finder that a .pth file there installs) stays inactive.
+    Without torch, a .pth line makes ``import torch`` fail, as on a machine without the torch extra."""
+    import site
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, capture_output=True, timeout=120)
+    python = folder / "bin" / "python"
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                  check=True, capture_output=True, text=True).stdout.strip())
+    dependencies = [p for p in site.getsitepackages() if Path(p).is_dir()] or [sysconfig.get_path("purelib")]
+    (purelib / "dependencies.pth").write_text("\n".join(dependencies) + "\n")
+    if not torch:
+        (purelib / "a_no_torch.pth").write_text("import sys; sys.modules['torch'] = None  # `import torch` raises ImportError\n")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
+                   check=True, capture_output=True, timeout=600, env=_clean_env())
+    return folder / "bin"
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+
+
+def _run(bin_dir: Path, cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(bin_dir / "functional-gan"), *args], cwd=cwd, env=_clean_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_the_installed_wheel_starts_every_command_and_trains_without_torch(wheel, tmp_path):
+    bin_dir = _fresh_environment(tmp_path / "venv", wheel, torch=False)
+    work = tmp_path / "work"  # outside the repository
+    work.mkdir()
+    script = ("import functional_gan, json, sys; print(functional_gan.__file__); "
+              "print(json.dumps([p for p in sys.path if p and __import__('os').path.exists(p + '/functional_gan')]))")
+    where = subprocess.run([str(bin_dir / "python"), "-c", script], cwd=work, env=_clean_env(), capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    assert where[0].startswith(str(tmp_path / "venv")), where
+    # The installed copy is the only functional_gan any folder on the path holds: the checkout is not on it.
+    assert json.loads(where[1]) == [str(Path(where[0]).parents[1])], where
+    out = _run(bin_dir, work, "--help")
+    assert out.returncode == 0 and "check-port" in out.stdout, out.stderr[-2000:]
+    for command in ("train", "compare", "check-port", "lessons", "bench", "docs", "sample", "diverge"):
+        out = _run(bin_dir, work, command, "--help")
+        assert out.returncode == 0 and f"usage: functional-gan {command}" in out.stdout, (command, out.stderr[-2000:])
+    out = _run(bin_dir, work, "train", "--data", "fake", "--steps", "2", "--batch-size", "4", "--image-size", "32",
+               "--nz", "8", "--ngf", "4", "--ndf", "4", "--out", "run")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    report = (tmp_path / "report" / "report.md").read_text()
+    metrics = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and all(np.isfinite(m["loss_d"]) for m in metrics), metrics
+    # A command that needs PyTorch says so in one line.
+    out = _run(bin_dir, work, "check-port", str(ROOT / "examples" / "port" / "mnist_cnn.py"))
+    assert out.returncode == 2 and "torch" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def test_the_installed_wheel_with_torch_runs_compare_and_check_port(wheel, tmp_path):
+    bin_dir = _fresh_environment(tmp_path / "venv", wheel, torch=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    out = _run(bin_dir, work, "compare", "--skip-quality", "--only", "fixtures", "--out", "report")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    report = (work / "report" / "report.md").read_text()
     assert "vs recorded PyTorch run (dcgan_float64_100_steps.npz)" in report and "**FAIL**" not in report
     assert "3 passed, 0 failed" in out.stdout
+    # A spec copied out of the checkout, as a user's own file would be.
+    shutil.copy(ROOT / "examples" / "port" / "mnist_cnn.py", work / "my_port.py")
+    out = _run(bin_dir, work, "check-port", "my_port.py", "--program", "jit")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "agree" in out.stdout.lower(), out.stdout[-3000:]
