@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from functional_gan.comparisons import port
+from functional_gan import testing as port
 from functional_gan.main import main
 from tests.helpers import one_torch_layer
 

@@ -21,8 +21,8 @@ import pytest
 import torch
 from flax import nnx
 
-from functional_gan.comparisons import port
-from functional_gan.comparisons.port_apis import tap
+from functional_gan import testing as port
+from functional_gan.testing import tap
 from functional_gan.main import main
 from tests.helpers import one_torch_layer
 
@@ -364,7 +364,7 @@ def test_an_output_of_another_shape_is_its_own_verdict_with_both_shapes(tmp_path
 
 def test_a_spec_imports_its_neighbours_and_a_plain_function_port_needs_no_model(tmp_path, capsys):
     (tmp_path / "my_port.py").write_text(
-        "import jax.numpy as jnp\nfrom functional_gan.comparisons.port_apis import tap\n"
+        "import jax.numpy as jnp\nfrom functional_gan.testing import tap\n"
         "def params(w, b): return {'fc': {'weight': jnp.asarray(w), 'bias': jnp.asarray(b)}}\n"
         "def apply(p, x): return tap('fc', x @ p['fc']['weight'].T + p['fc']['bias'])\n")
     body = ("import my_port\n"

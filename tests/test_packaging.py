@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # of the package's top folder but the command line, which imports everything.
 JAX_LIBRARY = tuple(sorted(p.stem for p in (ROOT / "functional_gan").glob("*.py") if p.stem not in ("__init__", "main")))
 ABOVE = ("functional_gan.pytorch", "functional_gan.lessons", "functional_gan.site", "functional_gan.comparisons", "functional_gan.benchmarks",
-         "functional_gan.main", "functional_gan.cli")
+         "functional_gan.main", "functional_gan.cli", "functional_gan.testing")
 # The installed package's modules: its own folder, and comparisons/ and benchmarks/ installed inside it.
 FOLDERS = {"functional_gan": ROOT / "functional_gan", "functional_gan.comparisons": ROOT / "comparisons",
            "functional_gan.benchmarks": ROOT / "benchmarks"}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from functional_gan.comparisons.port import assert_port
+from functional_gan.testing import assert_port
 
 HERE = Path(__file__).resolve().parent
 

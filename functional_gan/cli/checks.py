@@ -110,7 +110,7 @@ def run_check_port(args) -> int:
     use (a missing function, a weight that cannot be paired, a param_map that is not a dict, a port that computes in
     another dtype than --dtype). Needs the torch extra (and equinox for Equinox ports). Examples: examples/port/.
     """
-    port = torch_side("functional_gan.comparisons.port", "check-port")
+    port = torch_side("functional_gan.testing", "check-port")
     if not args.k > 0:
         raise UserError(f"--k must be positive, got {args.k}")
     programs = port.PROGRAMS if args.program == "both" else (args.program,)

@@ -1,0 +1,338 @@
+"""Check a JAX port of any PyTorch model against PyTorch, judged against PyTorch's own rounding noise.
+
+The port may be written with Flax Linen, Flax NNX, Equinox, or as plain functions of a parameter pytree
+(:mod:`.apis` turns each into one form). ``check_port(spec)`` moves the PyTorch model's weights
+into the port (:func:`transfer`: by definition order and shape, knowing each standard layer's layout in
+each API), runs both on the same inputs and compares, in debugging order, every quantity a port can get
+wrong:
+
+1. each paired layer's output (PyTorch forward hooks ↔ the port's per-layer outputs), the model's
+   output, the loss;
+2. every parameter's gradient;
+3. every parameter after one optimizer step from the same gradients (PyTorch's optimizer fed JAX's
+   gradients), every buffer (BatchNorm's running statistics);
+4. steps 2..N: the same, each step starting from PyTorch's parameters and buffers (teacher forcing;
+   each framework keeps its own optimizer state).
+
+The JAX side runs twice: compiled with ``jax.jit``, as training runs it, and op by op. The compiled
+program is the one judged; where only one of the two programs departs from PyTorch, the report says
+that the compiled program and the same code run op by op disagree (a JAX/XLA matter, not the port).
+
+The reference is PyTorch in float64. In float32 a quantity passes when
+``|JAX₃₂ − PyTorch₆₄| ≤ k · max(|PyTorch₃₂ − PyTorch₆₄|, 4 ulps of its scale)``: the port may be as far
+from the exact answer as PyTorch itself is, k times over (``k`` = 3 by default). PyTorch's own
+error is the largest of three float32 runs: as it is, and with the batch's samples in two other
+orders (put back in order after), which makes every reduction over the batch sum in another order. Adam turns float32
+rounding in near-zero gradients into lr-sized steps; PyTorch does that to itself too, and the
+criterion knows it. In float64 the port must agree within 1e-10 of each tensor's scale. The first
+quantity out of tolerance is named: stage, layer, tensor, both sides' values (or both shapes).
+
+A spec is a Python file (or module) defining
+
+* ``torch_model()``: the PyTorch module (a class will do: the checker builds it once under
+  ``torch.manual_seed(seed)``, 0 by default, and loads those weights into every later build);
+  ``example_inputs()``: NumPy arrays as the PyTorch model takes them;
+* the port, one of: ``jax_model()`` returning a Flax Linen module, a Flax NNX module, or an Equinox
+  module (or ``(module, state)`` from ``eqx.nn.make_with_state``; ``PER_SAMPLE = True`` when it acts on
+  one sample, and the checker vmaps it over the batch with the axis name ``BATCH_AXIS``, default
+  ``"batch"``); or ``jax_params()`` (a pytree) with ``jax_apply(params, *inputs)`` (and, for running
+  statistics, ``jax_state()`` with ``jax_apply(params, state, *inputs) -> (output, state)``), where
+  ``tap("layer", x)`` marks a layer's output;
+* optionally ``example_targets()``: arrays the losses take after the model's output and inputs;
+  ``to_jax(*arrays)`` / ``from_jax(output)`` (default: the API's layout: Linen and NNX channels-last,
+  arrays of 3 or more dimensions NC… ↔ N…C; Equinox and functions as PyTorch has them);
+  ``param_map`` ({PyTorch module name: the port's module path "a/b"}); ``torch_loss(output, *inputs,
+  *targets)`` with ``jax_loss(...)``; ``torch_optimizer(parameters)`` with ``jax_optimizer()`` (an optax
+  transformation); for Linen, ``jax_apply(model, variables, *inputs, capture_intermediates)`` returning
+  ``(output, {"batch_stats": ..., "intermediates": ...})`` for a model whose ``__call__`` needs more
+  than the inputs; ``TRAIN = False`` to compare in eval mode (dropout off, running statistics used).
+
+See ``examples/port/`` for models from public code; :func:`assert_port` is the same check for pytest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from functional_gan.comparisons.judge import DEFAULT_K, Row, compare
+from functional_gan.errors import UserError
+
+from . import apis
+from .jax_side import _check_dtypes, _jax_step_function
+from .pairing import Pairing, _get, default_from_jax, default_to_jax, transfer, variables_from_torch
+from .report import PROGRAMS, Report, _program_words, jax_build
+from .spec import Spec, SpecError, load_spec, spec_from_module
+from .torch_side import _fed_update, _torch_side, _torch_step, torch_in_flax_layout
+
+PERMUTED_RUNS = 2  # float32 PyTorch runs with the batch in another order, besides the plain one
+
+
+@dataclasses.dataclass
+class _Run:
+    """Everything one check keeps: the spec's pieces on both sides, the pairing, and PyTorch's runs."""
+
+    spec: Spec
+    dtype: str
+    k: float
+    inputs: tuple
+    targets: tuple
+    jax_inputs: tuple
+    jax_targets: tuple
+    from_jax: Callable
+    adapter: apis.Adapter
+    pairings: list[Pairing]
+    layer_paths: dict[str, tuple[str, ...]]
+    sides: dict  # PyTorch's runs: "ref" (float64), "t32" and permuted float32 runs
+    permutations: dict
+    shadows: dict  # per program: PyTorch's optimizers fed that program's gradients
+
+
+def _layout_of(jax_output, torch_shape: tuple, from_jax) -> np.ndarray:
+    """A layer's output of the port in PyTorch's layout: what ``from_jax`` makes of it (as for the model's output);
+    if that does not give PyTorch's shape, the output as it is, or with its channels moved to axis 1."""
+    for candidate in (lambda y: np.asarray(from_jax(y)), np.asarray, lambda y: np.moveaxis(np.asarray(y), -1, 1)):
+        try:
+            converted = candidate(jax_output)
+        except Exception:  # a from_jax written for the model's output only
+            continue
+        if converted.shape == tuple(torch_shape):
+            return converted
+    return np.asarray(jax_output)
+
+
+def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, jax_noisy: list[tuple[dict, dict]]) -> list[Row]:
+    """Every quantity of one step compared, in debugging order. ``jax_noisy``: (float32, float64) runs of one JAX
+    program, for JAX's own float32 error."""
+    rows: list[Row] = []
+    noise_sides = [name for name in run.sides if name != "ref"] or ["ref"]
+    ref = seen["ref"]
+
+    def add(stage, name, pick_jax, reference, pick_torch, port_shape=None, noisy=None):
+        rows.append(compare(prefix + stage, name, pick_jax(jax_seen), reference,
+                            noisy if noisy is not None else [pick_torch(seen[n]) for n in noise_sides], run.dtype, run.k,
+                            port_shape=port_shape, jax_noisy=[(pick_jax(a), pick_jax(b)) for a, b in jax_noisy]))
+
+    for torch_name in ref["layers"]:  # in the order PyTorch ran them
+        path = run.layer_paths[torch_name]
+        if path in jax_seen["layers"]:
+            expected = ref["layers"][torch_name]
+            add("forward", torch_name or "(model)", lambda s, p=path, e=expected: _layout_of(s["layers"][p], e.shape, run.from_jax),
+                expected, lambda side, n=torch_name: side["layers"][n], np.shape(jax_seen["layers"][path]))
+    add("output", "output", lambda s: _layout_of(s["output"], ref["output"].shape, run.from_jax), ref["output"],
+        lambda side: side["output"], np.shape(jax_seen["output"]))
+    if run.spec.torch_loss is None:
+        return rows
+    add("loss", "loss", lambda s: s["loss"], ref["loss"], lambda side: side["loss"])
+    params = [p for p in run.pairings if p.collection == "params"]
+    for p in params:
+        add("gradient", p.torch_key, lambda s, path=p.jax_path: _get(s["grads"], path), ref["grads"][p.torch_key],
+            lambda side, key=p.torch_key: side["grads"][key])
+    if fed is not None:  # judged from the same gradients: PyTorch's optimizer fed the port's
+        for p in params:
+            add("update", p.torch_key, lambda s, path=p.jax_path: _get(s["params"], path), fed["ref"][p.torch_key], None,
+                noisy=[fed.get("t32", fed["ref"])[p.torch_key]])
+    for p in run.pairings:
+        if p.collection == "batch_stats" and _has(jax_seen.get("batch_stats", {}), p.jax_path):
+            add("buffer", p.torch_key, lambda s, path=p.jax_path: _get(s["batch_stats"], path), ref["after"][p.torch_key],
+                lambda side, key=p.torch_key: side["after"][key])
+    return rows
+
+
+def _has(tree, path) -> bool:
+    try:
+        _get(tree, path)
+        return True
+    except (KeyError, TypeError, IndexError):
+        return False
+
+
+def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, ...]) -> _Run:
+    """The spec's pieces built, the port adapted and paired with the PyTorch model, PyTorch's runs set up."""
+    if spec.example_inputs is None or (spec.jax_model is None and (spec.jax_params is None or spec.jax_apply is None)):
+        raise SpecError("a spec needs torch_model, example_inputs, and jax_model or jax_params with jax_apply")
+    torch.manual_seed(seed)
+    try:
+        inputs = tuple(np.asarray(x) for x in spec.example_inputs())
+        targets = tuple(np.asarray(x) for x in spec.example_targets()) if spec.example_targets else ()
+        reference_model = spec.torch_model()
+    except Exception as error:
+        raise SpecError(f"the spec's torch_model()/example_inputs() failed: {type(error).__name__}: {error}") from error
+    state = copy.deepcopy(reference_model.state_dict())
+    jax_dtype = jnp.float64 if dtype == "float64" else jnp.float32
+
+    def on_jax(arrays):
+        return tuple(jnp.asarray(x, jax_dtype) if np.asarray(x).dtype.kind == "f" else jnp.asarray(x) for x in arrays)
+
+    def jax_inputs(channels_last: bool) -> tuple:
+        to_jax = spec.to_jax or (default_to_jax if channels_last else lambda *a: tuple(np.asarray(x) for x in a))
+        return on_jax(to_jax(*inputs))
+
+    try:
+        adapter = apis.adapter_for(spec, jax_inputs, seed)
+    except UserError as error:
+        raise SpecError(str(error)) from error
+    from_jax = spec.from_jax or (default_from_jax if adapter.channels_last else np.asarray)
+    pairings = transfer(reference_model, adapter.variables, spec.param_map, adapter.kinds)
+    layer_paths = {p.torch_key.rsplit(".", 1)[0] if "." in p.torch_key else "": p.jax_path[:-1] for p in pairings}
+    # PyTorch's own float32 noise: the float32 run, and the same twice with the batch's samples in
+    # other orders (the reductions over the batch sum in other orders; outputs are put back in order);
+    # the largest of their errors counts.
+    sides = {"ref": _torch_side(spec, torch.float64, state)}
+    batch = {np.shape(x)[0] for x in (*inputs, *targets) if np.ndim(x) > 0}
+    permutations = {}
+    if dtype == "float32":
+        sides["t32"] = _torch_side(spec, torch.float32, state)
+        if len(batch) == 1 and (size := batch.pop()) > 1:
+            for variant in range(PERMUTED_RUNS):
+                permutations[f"t32-permuted-{variant}"] = np.random.default_rng([seed, variant]).permutation(size)
+                sides[f"t32-permuted-{variant}"] = _torch_side(spec, torch.float32, state)
+    # The update stage is judged from the same gradients: PyTorch's optimizer (float64, and float32 for its
+    # own noise) fed JAX's gradients, its state evolving with them as optax's does. Judged from each
+    # framework's own gradients instead, Adam's lr-sized steps on near-zero gradients make the
+    # comparison a matter of chance.
+    shadows = {program: {} for program in programs}
+    if spec.jax_optimizer is not None:
+        for program in programs:
+            shadows[program]["ref"] = _torch_side(spec, torch.float64, state)
+            if dtype == "float32":
+                shadows[program]["t32"] = _torch_side(spec, torch.float32, state)
+    return _Run(spec, dtype, k, inputs, targets, jax_inputs(adapter.channels_last), on_jax(targets), from_jax, adapter,
+                pairings, layer_paths, sides, permutations, shadows)
+
+
+def _torch_steps(run: _Run) -> tuple[dict, dict]:
+    """Every PyTorch side runs one step from PyTorch64's state; returns what each saw and that starting state."""
+    start = run.sides["ref"][0]  # teacher forcing: every side starts the step from PyTorch64's parameters and buffers
+    params_state = {k: v.detach().clone() for k, v in start.state_dict().items()}
+    for name, (model, _) in run.sides.items():
+        if name != "ref":
+            model.load_state_dict({k: v.to(torch.float32) if v.is_floating_point() else v for k, v in params_state.items()})
+    seen = {name: _torch_step(run.spec, model, opt, run.inputs, run.targets,
+                              torch.float64 if name == "ref" else torch.float32, run.layer_paths, run.permutations.get(name))
+            for name, (model, opt) in run.sides.items()}
+    for name, (model, _) in run.sides.items():
+        seen[name]["grads"] = torch_in_flax_layout(model, run.pairings, "grad")
+        seen[name]["after"] = torch_in_flax_layout(model, run.pairings)
+    return seen, params_state
+
+
+def _run_program(run: _Run, function, program: str, before: dict, opt_state, first: bool) -> dict:
+    """One step of the port by ``function``; on the first call, a port that raises is a spec the checker cannot use."""
+    try:
+        return jax.device_get(function(before, run.jax_inputs, run.jax_targets, opt_state))
+    except Exception as error:
+        if not first:
+            raise
+        hints = []
+        if run.adapter.api == "Equinox" and not run.spec.per_sample:
+            hints.append("an Equinox model that acts on one sample needs PER_SAMPLE = True")
+        if run.adapter.channels_last and run.spec.to_jax is None and any(np.ndim(x) >= 3 for x in run.inputs):
+            hints.append("its inputs of 3 or more dimensions were moved channels-last; to_jax says otherwise")
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise SpecError(f"the port's step ({_program_words((program,))}) failed on the example inputs: "
+                        f"{type(error).__name__}: {message}" + (f" ({'; '.join(hints)})" if hints else "")) from error
+
+
+def _float64_twin(run: _Run, function, before: dict, opt_state, optimizer) -> dict:
+    """A program's step in float64 from the same start (PyTorch64's parameters and buffers ``before``, the optimizer
+    state its float32 run had), for JAX's own float32 error. Its optimizer state is not kept."""
+    with jax.enable_x64(True):
+        def wide(tree):
+            return jax.tree_util.tree_map(
+                lambda a: jnp.asarray(a, jnp.float64) if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
+
+        if optimizer is not None and opt_state is None:
+            opt_state = optimizer.init(before["params"])
+        return jax.device_get(function(before, wide(run.jax_inputs), wide(run.jax_targets), wide(opt_state)))
+
+
+def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
+               programs: tuple[str, ...] = PROGRAMS) -> Report:
+    """Compare the spec's JAX port with its PyTorch model (see the module's docstring) and return the report.
+
+    ``programs``: which JAX programs run, the first judged: ("jit", "eager") (default), ("jit",) or ("eager",).
+    """
+    if dtype not in ("float32", "float64"):
+        raise SpecError(f"dtype must be float32 or float64, got {dtype!r}")
+    if steps < 1:
+        raise SpecError(f"steps must be at least 1, got {steps}")
+    if not programs or any(p not in PROGRAMS for p in programs):
+        raise SpecError(f"programs must be taken from {PROGRAMS}, got {programs!r}")
+    # Full float32 on GPUs/TPUs (no TF32 or bf16 passes, no effect on CPUs): PyTorch's side runs on the CPU, and its
+    # float32 noise is the yardstick.
+    with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext(), jax.default_matmul_precision("highest"):
+        run = _prepare(spec, dtype, k, seed, programs)
+        optimizer = spec.jax_optimizer() if spec.jax_optimizer else None
+        step_fn = _jax_step_function(run.adapter, spec, optimizer)
+        functions = {program: jax.jit(step_fn) if program == "jit" else step_fn for program in programs}
+        order = sorted(programs, key=lambda p: p != "eager")  # op by op first: a bad dtype shows there
+        # JAX's own float32 error, |JAX₃₂ − JAX₆₄| of one program (op by op where it runs: a fault of the compiler
+        # alone stays out of it); float64 needs none.
+        noise_program = order[0] if dtype == "float32" else None
+        opt_states: dict[str, Any] = {}
+        rows: dict[str, list[Row]] = {program: [] for program in programs}
+        for step in range(1, steps + 1):
+            before = variables_from_torch(run.sides["ref"][0], run.pairings, run.adapter.variables,
+                                          jnp.float64 if dtype == "float64" else jnp.float32)
+            opt_before = dict(opt_states)
+            if noise_program:  # the float64 twin starts from the same state (taken before PyTorch's step changes it)
+                with jax.enable_x64(True):
+                    before64 = variables_from_torch(run.sides["ref"][0], run.pairings, run.adapter.variables, jnp.float64)
+            seen, params_state = _torch_steps(run)
+            outcomes = {}
+            for program in order:
+                if program not in opt_states:
+                    opt_states[program] = optimizer.init(before["params"]) if optimizer is not None else None
+                outcomes[program] = _run_program(run, functions[program], program, before, opt_states[program],
+                                                 first=step == 1 and program == order[0])
+                if step == 1 and program == order[0]:
+                    _check_dtypes(outcomes[program], dtype, run)
+                    uncaptured = [n or "(model)" for n in seen["ref"]["layers"]
+                                  if run.layer_paths[n] not in outcomes[program]["layers"]]
+                opt_states[program] = outcomes[program].get("opt_state")
+            twin = _float64_twin(run, functions[noise_program], before64, opt_before.get(noise_program), optimizer) \
+                if noise_program else None
+            jax_noisy = [(outcomes[noise_program], twin)] if twin is not None else []
+            for program in programs:
+                fed = None
+                if optimizer is not None and spec.torch_loss is not None:
+                    fed = {name: _fed_update(model, opt, params_state, run.pairings, outcomes[program]["grads"])
+                           for name, (model, opt) in run.shadows[program].items()}
+                rows[program] += _rows(run, f"step {step}: " if steps > 1 else "", seen, outcomes[program], fed, jax_noisy)
+    return Report(spec.name, dtype, k, run.pairings, rows[programs[0]], run.adapter.api, tuple(programs),
+                  rows[programs[1]] if len(programs) > 1 else [], jax_build(), len(seen["ref"]["layers"]), uncaptured)
+
+
+def assert_port(spec: Spec | ModuleType | str | Path | None = None, /, *, dtype: str = "float32", steps: int = 1,
+                k: float = DEFAULT_K, seed: int = 0, programs: tuple[str, ...] = PROGRAMS, **pieces) -> Report:
+    """``check_port`` for a test suite: returns the report when the port agrees, raises ``AssertionError`` otherwise.
+
+    ``spec``: a :class:`Spec`, a spec module, a spec file's path, or nothing, with the spec's pieces as keywords
+    (``torch_model=``, ``jax_model=``, ``example_inputs=``, ``train=False``, ...); keywords given with a module
+    replace its names. The error's message is the first divergence, then the whole report. A spec the checker
+    cannot use raises :class:`SpecError`.
+    """
+    if isinstance(spec, (str, Path)):
+        spec = load_spec(spec)
+        if pieces:
+            spec = dataclasses.replace(spec, **pieces)
+    elif isinstance(spec, ModuleType):
+        spec = spec_from_module({**vars(spec), **pieces})
+    elif spec is None:
+        spec = spec_from_module(pieces)
+    elif pieces:
+        spec = dataclasses.replace(spec, **pieces)
+    report = check_port(spec, dtype, steps, k, seed, programs)
+    if not report.passed:
+        raise AssertionError(f"{report.verdict()}\n\n{report.format()}")
+    return report

@@ -1,0 +1,58 @@
+"""The JAX side of a check: one step of the port as a pure function (forward with per-layer outputs, loss, gradients,
+optimizer update), and the check that it computes in the precision asked."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import numpy as np
+
+from . import apis
+from .spec import PortDtypeError, Spec
+
+
+def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer) -> Callable:
+    """One step of the port as a pure function: (variables, inputs, targets, opt_state) -> what it computed."""
+
+    def step(variables, inputs, targets, opt_state):
+        output, _, layers = adapter.apply(variables, inputs, True)
+        seen = {"output": output, "layers": layers}
+        if spec.jax_loss is None:
+            return seen
+
+        def loss_fn(params):
+            out, stats, _ = adapter.apply({**variables, "params": params}, inputs, False)
+            return spec.jax_loss(out, *inputs, *targets), stats
+
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(variables["params"])
+        seen.update(loss=loss, grads=grads, batch_stats=stats)
+        if optimizer is not None:
+            import optax
+
+            updates, opt_state = optimizer.update(grads, opt_state, variables["params"])
+            seen.update(params=optax.apply_updates(variables["params"], updates), opt_state=opt_state)
+        return seen
+
+    return step
+
+
+def _check_dtypes(seen: dict, dtype: str, run) -> None:
+    """The port's outputs are in the precision asked, or a PortDtypeError names the first layer that is not."""
+    torch_order = [n for n, _ in run.sides["ref"][0].named_modules() if n in run.layer_paths]
+    layer_paths = run.layer_paths
+    def wrong(value) -> str | None:
+        kind = np.dtype(getattr(value, "dtype", np.float64))
+        return str(kind) if np.issubdtype(kind, np.floating) and kind != np.dtype(dtype) else None
+
+    places = [(name or "(model)", seen["layers"].get(layer_paths[name])) for name in torch_order]
+    places.append(("its output", seen["output"]))
+    for where, value in places:
+        got = wrong(value) if value is not None else None
+        if got is not None:
+            raise PortDtypeError(
+                f"the port computes in {got}, not {dtype} as asked: {where} gives {got} from {dtype} inputs and "
+                f"parameters (a dtype fixed inside the port, e.g. Flax's dtype='{got}', or a cast). It cannot be checked "
+                f"in {dtype} as it is: check it with --dtype {got}, or build it to compute in {dtype}")
+
+

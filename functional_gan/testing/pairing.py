@@ -1,0 +1,280 @@
+"""Layouts and the weight transfer: each PyTorch tensor paired with a leaf of the port, and moved between the two
+layouts (a Linear's weight transposed, a convolution's kernel channels-last, a transposed convolution's flipped)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .spec import SpecError, _check_param_map
+
+
+def _nchw_to_nhwc(x):
+    return np.moveaxis(x, 1, -1) if isinstance(x, np.ndarray) and x.ndim >= 3 else x
+
+
+def default_to_jax(*arrays):
+    """Arrays of 3 or more dimensions go channels-last (PyTorch's NC… → Flax's N…C); others as they are."""
+    return tuple(_nchw_to_nhwc(np.asarray(a)) if np.asarray(a).ndim >= 3 else np.asarray(a) for a in arrays)
+
+
+def default_from_jax(output):
+    """The inverse of :func:`default_to_jax` for one array."""
+    return np.moveaxis(np.asarray(output), -1, 1) if np.ndim(output) >= 3 else np.asarray(output)
+
+
+# How a PyTorch tensor becomes the port's leaf: "=" as it is, "T" transposed (Linear), "conv" (out, in, *k) →
+# (*k, in, out), "convT-flip" (in, out, *k) → (*k, in, out) flipped (Flax's ConvTranspose), "convT-eqx"
+# (in, out, *k) → (out, in, *k) flipped (Equinox's ConvTranspose), "reshape" to the leaf's shape (Equinox's (out, 1, 1) bias).
+TRANSFORMS = ("=", "T", "conv", "convT-flip", "convT-eqx", "reshape")
+
+
+def to_flax_layout(value: np.ndarray, transform: str, shape: tuple | None = None) -> np.ndarray:
+    """A PyTorch tensor in the port's layout (``shape``: the leaf's, for "reshape")."""
+    if transform == "=":
+        return value
+    if transform == "T":
+        return value.T
+    if transform == "conv":  # (out, in/groups, *k) → (*k, in/groups, out)
+        return np.transpose(value, (*range(2, value.ndim), 1, 0))
+    spatial = tuple(range(2, value.ndim))
+    if transform == "convT-flip":  # (in, out/groups, *k) → (*k, in, out), spatially flipped (lax.conv_transpose)
+        return np.transpose(np.flip(value, spatial), (*spatial, 0, 1))
+    if transform == "convT-eqx":  # (in, out, *k) → (out, in, *k), spatially flipped (a convolution of the dilated input)
+        return np.swapaxes(np.flip(value, spatial), 0, 1)
+    if transform == "reshape":
+        return value.reshape(shape)
+    raise ValueError(transform)
+
+
+def from_flax_layout(value: np.ndarray, transform: str, shape: tuple | None = None) -> np.ndarray:
+    """The inverse of :func:`to_flax_layout` (``shape``: PyTorch's, for "reshape")."""
+    if transform == "=":
+        return value
+    if transform == "T":
+        return value.T
+    n = value.ndim
+    if transform == "conv":  # (*k, in/groups, out) → (out, in/groups, *k)
+        return np.transpose(value, (n - 1, n - 2, *range(n - 2)))
+    if transform == "convT-flip":  # (*k, in, out) → (in, out, *k), flipped back
+        return np.flip(np.transpose(value, (n - 2, n - 1, *range(n - 2))), tuple(range(2, n)))
+    if transform == "convT-eqx":
+        return np.flip(np.swapaxes(value, 0, 1), tuple(range(2, n)))
+    if transform == "reshape":
+        return value.reshape(shape)
+    raise ValueError(transform)
+
+
+@dataclasses.dataclass
+class Pairing:
+    """One PyTorch tensor ↔ one leaf of the port and the transform between their layouts."""
+
+    torch_key: str
+    collection: str  # "params" or "batch_stats"
+    jax_path: tuple[str, ...]
+    transform: str  # one of TRANSFORMS
+    torch_shape: tuple = ()
+    jax_shape: tuple = ()
+
+    @property
+    def jax_name(self) -> str:
+        return f"{self.collection}/{'/'.join(self.jax_path)}"
+
+    def to_jax(self, value: np.ndarray) -> np.ndarray:
+        return to_flax_layout(value, self.transform, self.jax_shape)
+
+    def to_torch(self, value: np.ndarray) -> np.ndarray:
+        return from_flax_layout(value, self.transform, self.torch_shape)
+
+
+# PyTorch module type → (its tensor, the Flax leaf, the transform) for each tensor; a module of the port holding
+# PyTorch's own names (this project's layers, Equinox's, a plain function's) pairs by name instead.
+def _rules(module: torch.nn.Module) -> dict[str, tuple[str, str, str]]:
+    nn = torch.nn
+    if isinstance(module, nn.Linear):
+        return {"weight": ("params", "kernel", "T"), "bias": ("params", "bias", "=")}
+    if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        return {"weight": ("params", "kernel", "conv"), "bias": ("params", "bias", "=")}
+    if isinstance(module, (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)):
+        return {"weight": ("params", "kernel", "convT-flip"), "bias": ("params", "bias", "=")}
+    if isinstance(module, (nn.modules.batchnorm._BatchNorm,)):
+        return {"weight": ("params", "scale", "="), "bias": ("params", "bias", "="),
+                "running_mean": ("batch_stats", "mean", "="), "running_var": ("batch_stats", "var", "=")}
+    if isinstance(module, (nn.LayerNorm, nn.GroupNorm)):
+        return {"weight": ("params", "scale", "="), "bias": ("params", "bias", "=")}
+    if isinstance(module, nn.Embedding):
+        return {"weight": ("params", "embedding", "=")}
+    return {}
+
+
+def _rules_by_flax_names(tensors: dict, leaves: dict) -> dict[str, tuple[str, str, str]]:
+    """For a PyTorch module of another type (a custom LayerNorm, say): the Flax leaf names decide."""
+    rules = {}
+    weight = tensors.get("weight")
+    if weight is not None:
+        if "kernel" in leaves:
+            rules["weight"] = ("params", "kernel", "T" if weight.ndim == 2 else "conv")
+        elif "scale" in leaves:
+            rules["weight"] = ("params", "scale", "=")
+        elif "embedding" in leaves:
+            rules["weight"] = ("params", "embedding", "=")
+    if "bias" in tensors and "bias" in leaves:
+        rules["bias"] = ("params", "bias", "=")
+    return rules
+
+
+def _flax_modules(tree: dict, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], dict]]:
+    """(path, {leaf name: array}) of every module of the port that holds arrays, in definition order (dict order)."""
+    found, leaves = [], {}
+    for name, value in tree.items():
+        if isinstance(value, dict) or hasattr(value, "items") and not hasattr(value, "shape"):
+            found.extend(_flax_modules(dict(value), (*prefix, str(name))))
+        else:
+            leaves[str(name)] = value
+    return ([(prefix, leaves)] if leaves else []) + found
+
+
+def _torch_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, dict[str, torch.Tensor]]]:
+    """(name, module, its own tensors) of every module holding parameters or float buffers, in definition order."""
+    out = []
+    for name, module in model.named_modules():
+        own = {k: v for k, v in module.named_parameters(recurse=False)}
+        persistent = {k: v for k, v in module.named_buffers(recurse=False) if k not in module._non_persistent_buffers_set}
+        own.update({k: v for k, v in persistent.items() if v is not None and v.is_floating_point()})
+        if own:
+            out.append((name, module, own))
+    return out
+
+
+def _describe(name: str, module: torch.nn.Module, tensors: dict) -> str:
+    return f"{name or 'model'} ({type(module).__name__}: {', '.join(f'{k} {tuple(v.shape)}' for k, v in tensors.items())})"
+
+
+def transfer(model: torch.nn.Module, variables: dict, param_map: dict[str, str] | None = None,
+             kinds: dict[tuple[str, ...], str] | None = None) -> list[Pairing]:
+    """Pair every tensor of ``model``'s state_dict with a leaf of the port's ``variables`` (definition order and shape).
+
+    ``variables``: ``{"params": ..., "batch_stats": ...}`` nested by module path; ``param_map``: {PyTorch module
+    name: the port's module path "A/B"} for modules the order does not pair; ``kinds``: each path's module class
+    where the layout depends on it (Equinox's ConvTranspose). Raises SpecError naming what could not be paired.
+    """
+    _check_param_map(param_map)
+    params = _flax_modules(dict(variables.get("params", {})))
+    stats = {path: leaves for path, leaves in _flax_modules(dict(variables.get("batch_stats", {})))}
+    by_path = {path: leaves for path, leaves in params}
+    for path in stats:  # a module that holds running statistics only
+        by_path.setdefault(path, {})
+    order = [path for path, _ in params] + [p for p in stats if p not in dict(params)]
+    used: set[tuple[str, ...]] = set()
+    pairings = []
+    mapped = {tuple(p.split("/")) for p in (param_map or {}).values()}
+    position = 0
+    for name, module, tensors in _torch_modules(model):
+        if param_map and name in param_map:
+            path = tuple(param_map[name].split("/"))
+            if path not in by_path:
+                raise SpecError(f"param_map sends {name!r} to {param_map[name]!r}, which the port does not have; "
+                                f"its modules: {', '.join('/'.join(p) for p in order)}")
+        else:
+            while position < len(order) and (order[position] in used or order[position] in mapped):
+                position += 1
+            if position == len(order):
+                raise SpecError(f"PyTorch's {_describe(name, module, tensors)} has no counterpart in the port: every "
+                                f"module of the port that holds weights ({len(order)}) is paired already. The port lacks "
+                                "this layer, or holds it where the definition order does not find it: then name it in "
+                                "param_map = {'" + name + "': 'port/path'}")
+            path = order[position]
+        used.add(path)
+        pairings.extend(_pair_module(name, module, tensors, path, by_path[path], stats.get(path, {}),
+                                     (kinds or {}).get(path, "")))
+    left = [p for p in order if p not in used]
+    if left:
+        raise SpecError(f"the port's module(s) {', '.join('/'.join(p) for p in left)} received no PyTorch weights; "
+                        "pair them with param_map = {'torch.module.name': 'port/path'}")
+    return pairings
+
+
+def _by_name(key: str, tensor, target: dict, kind: str) -> tuple[str, tuple | None]:
+    """A tensor paired with the port's leaf of the same name: its transform, and the leaf's shape."""
+    expected = tuple(np.shape(target[key]))
+    if kind.startswith("eqx.ConvTranspose") and key == "weight":
+        return "convT-eqx", expected
+    if tuple(tensor.shape) != expected and tensor.numel() == int(np.prod(expected)) and \
+            [d for d in tensor.shape if d != 1] == [d for d in expected if d != 1]:
+        return "reshape", expected  # Equinox's convolution bias, (out, 1, 1)
+    return "=", expected
+
+
+def _pair_module(name, module, tensors, path, leaves, stats, kind: str = "") -> list[Pairing]:
+    rules = _rules(module) or _rules_by_flax_names(tensors, leaves)
+    identity = set(tensors) <= set(leaves) | set(stats)  # a module with PyTorch's own names (Equinox, this project's layers)
+    result = []
+    for key, tensor in tensors.items():
+        full = f"{name}.{key}" if name else key
+        if identity:
+            collection = "params" if key in leaves else "batch_stats"
+            target = leaves if collection == "params" else stats
+            leaf_name = key
+            transform, expected = _by_name(key, tensor, target, kind)
+        elif key in rules:
+            collection, leaf_name, transform = rules[key]
+            target = leaves if collection == "params" else stats
+            if leaf_name not in target:
+                raise SpecError(f"{full} ({type(module).__name__}) pairs by order with the port's module {'/'.join(path)}, "
+                                f"which has no {collection} leaf {leaf_name!r} (it has {', '.join(target) or 'none'}); the "
+                                "models are defined in a different order? name it in param_map")
+            expected = tuple(np.shape(target[leaf_name]))
+        else:
+            raise SpecError(f"{full}: no known place for it in the port's module {'/'.join(path)} "
+                            f"({type(module).__name__} → leaves {', '.join(leaves) or 'none'}); use param_map or "
+                            "a module with PyTorch's names")
+        moved = to_flax_layout(tensor.detach().cpu().numpy(), transform, expected).shape
+        if moved != expected:
+            raise SpecError(f"{full} has shape {tuple(tensor.shape)} ({moved} in the port's layout, transform {transform}), "
+                            f"but the port's {collection}/{'/'.join(path)}/{leaf_name} has shape {expected}; the models "
+                            "are defined in a different order or with other sizes? name it in param_map")
+        result.append(Pairing(full, collection, (*path, leaf_name), transform, tuple(tensor.shape), expected))
+    return result
+
+
+def _set(tree: dict, path: tuple[str, ...], value) -> dict:
+    tree = dict(tree)
+    if len(path) == 1:
+        tree[path[0]] = value
+    else:
+        tree[path[0]] = _set(dict(tree.get(path[0], {})), path[1:], value)
+    return tree
+
+
+def _get(tree, path):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def variables_from_torch(model: torch.nn.Module, pairings: list[Pairing], variables: dict, dtype) -> dict:
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    out = {k: dict(v) for k, v in variables.items()}
+    for p in pairings:
+        value = p.to_jax(tensors[p.torch_key].detach().cpu().numpy().copy())  # not a view: the step changes it
+        out[p.collection] = _set(out[p.collection], p.jax_path, jnp.asarray(value, dtype))
+    return out
+
+
+def torch_in_flax_layout(model: torch.nn.Module, pairings: list[Pairing], which: str = "value") -> dict[str, np.ndarray]:
+    """Each paired tensor (or its ``.grad``) in the port's layout, float64, by PyTorch key."""
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    out = {}
+    for p in pairings:
+        tensor = tensors[p.torch_key]
+        if which == "grad":
+            if p.collection != "params":
+                continue
+            tensor = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
+        out[p.torch_key] = p.to_jax(tensor.detach().cpu().double().numpy())
+    return out
+
+

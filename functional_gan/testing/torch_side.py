@@ -1,0 +1,90 @@
+"""The PyTorch side of a check: the models (float64 reference, float32 and its batch-permuted twins), one step with
+every paired layer's output recorded, and PyTorch's optimizer fed the port's gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .pairing import Pairing, _get, torch_in_flax_layout
+from .spec import Spec
+
+
+def _torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
+    model = spec.torch_model()
+    if state is not None:
+        model.load_state_dict(state)
+    model = model.to(dtype)
+    model.train(spec.train)
+    optimizer = spec.torch_optimizer(model.parameters()) if spec.torch_optimizer else None
+    return model, optimizer
+
+
+def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_layers: dict[str, str],
+                permutation: np.ndarray | None = None):
+    """One forward (with each paired layer's output), loss, backward, optimizer step. Returns what it saw.
+
+    With ``permutation`` the samples go in that order and every output is put back in the original order.
+    """
+    if permutation is not None:
+        inputs = tuple(np.asarray(x)[permutation] for x in inputs)
+        targets = tuple(np.asarray(x)[permutation] for x in targets)
+        inverse = np.argsort(permutation)
+    unpermute = (lambda a: a[inverse] if a.ndim and a.shape[0] == len(inverse) else a) if permutation is not None \
+        else (lambda a: a)
+    outputs, handles = {}, []
+
+    def recorder(name):
+        def hook(_module, _inputs, out):  # returns None: the module's output is left as it is
+            # a copy: a later in-place op (ReLU(inplace=True), +=) must not change what was recorded
+            outputs.setdefault(name, unpermute(out.detach().double().cpu().numpy().copy()))
+        return hook
+
+    for name, module in model.named_modules():
+        if name in record_layers:
+            handles.append(module.register_forward_hook(recorder(name)))
+
+    def on_torch(arrays):
+        return [torch.as_tensor(np.asarray(x)).to(dtype) if np.asarray(x).dtype.kind == "f" else torch.as_tensor(np.asarray(x))
+                for x in arrays]
+
+    tensors, target_tensors = on_torch(inputs), on_torch(targets)
+    if optimizer is not None:
+        optimizer.zero_grad()
+    output = model(*tensors)
+    for h in handles:
+        h.remove()
+    seen = {"layers": outputs, "output": unpermute(output.detach().double().cpu().numpy().copy())}
+    if spec.torch_loss is not None:
+        loss = spec.torch_loss(output, *tensors, *target_tensors)
+        seen["loss"] = float(loss.detach())
+        loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+    return seen
+
+
+def step_with_gradients(model: torch.nn.Module, optimizer, gradients: dict[str, np.ndarray],
+                        start: dict | None = None) -> torch.nn.Module:
+    """One PyTorch optimizer step with the given gradients (by parameter name, PyTorch's layout), from the
+    parameters ``start`` (a state_dict) when given: PyTorch's optimizer fed another framework's gradients.
+    Returns ``model``, updated."""
+    dtype = next(model.parameters()).dtype
+    if start is not None:
+        model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in start.items()})
+    optimizer.zero_grad()
+    for name, parameter in model.named_parameters():
+        if name in gradients:
+            parameter.grad = torch.tensor(np.array(gradients[name]), dtype=dtype)
+    optimizer.step()
+    return model
+
+
+def _fed_update(model, optimizer, start: dict, pairings: list[Pairing], jax_grads) -> dict[str, np.ndarray]:
+    """PyTorch's optimizer step from ``start`` with the port's gradients; the parameters after it in the port's layout."""
+    gradients = {p.torch_key: p.to_torch(np.asarray(_get(jax_grads, p.jax_path), np.float64))
+                 for p in pairings if p.collection == "params"}
+    step_with_gradients(model, optimizer, gradients, start)
+    return torch_in_flax_layout(model, pairings)
+
+
