@@ -131,17 +131,9 @@ def run_suite(out_dir: str | Path, groups=GROUPS, quality_spec: quality.QualityS
     if "quality" in groups:
         spec = quality_spec or quality.QualitySpec()
         progress(f"Sample quality: {len(spec.seeds)} seeds × 2 frameworks × {spec.run.steps} iterations on the built-in digits ...")
-        q = quality.compare_quality(spec, progress)
+        q = quality.compare_quality(spec, progress, confidence=quality.family_confidence(len(spec.seeds)))
         for metric, label in (("fd", "Fréchet distance (lower is better)"), ("score", "classifier score (higher is better)")):
-            v = q["verdicts"][metric]
-            add(CheckResult(
-                f"long float32 runs on digits, {v['seeds']} paired seeds: {label}",
-                f"the {v['confidence']:.0%} interval of mean(JAX − PyTorch) holds 0", v["mean_difference"], v["passed"],
-                f"JAX − PyTorch = {v['mean_difference']:.3g}, {v['confidence']:.0%} interval [{v['interval'][0]:.3g}, "
-                f"{v['interval'][1]:.3g}], paired t-test p = {v['p_value']:.2f}; a true difference of {v['detectable']:.3g} "
-                f"would be detected with {v['power']:.0%} power. Means: JAX {v['jax_mean']:.3g}, PyTorch {v['pytorch_mean']:.3g}; "
-                f"per seed JAX {np.round(q['scores']['jax'][metric], 2).tolist()}, PyTorch {np.round(q['scores']['pytorch'][metric], 2).tolist()}",
-            ))
+            add(quality_result(metric, label, q))
         seed = spec.seeds[0]
         figures.append((f"Sample quality run, seed {seed}: loss curves",
                         _plot_losses(out / "losses_quality_run.png", f"digits, seed {seed}, float32", q["curves"][seed]["pytorch"], q["curves"][seed]["jax"])))
@@ -167,6 +159,27 @@ def run_suite(out_dir: str | Path, groups=GROUPS, quality_spec: quality.QualityS
     report.write_text("\n".join(lines))
     write_html(report.with_suffix(".html"), lines[1], results, quality_section, figures)
     return results, report
+
+
+def quality_result(metric: str, label: str, q: dict) -> CheckResult:
+    """One sample-quality row: judged (pass/fail) with at least ``quality.JUDGED_SEEDS`` paired seeds, each of the two
+    metrics at the confidence that keeps the pair's false-alarm rate at 5% (Bonferroni); with fewer seeds an estimate
+    with its interval, reported, not judged (two seeds of chaotic float32 training cannot tell a gap from chance)."""
+    v = q["verdicts"][metric]
+    judged = v["seeds"] >= quality.JUDGED_SEEDS
+    criterion = (f"the {v['confidence']:.1%} interval of mean(JAX − PyTorch) holds 0 (the two quality rows together: 5% "
+                 "false alarms)" if judged else
+                 f"reported, not judged: {v['seeds']} seeds (a pass/fail needs {quality.JUDGED_SEEDS}: --quality-seeds "
+                 f"{quality.JUDGED_SEEDS})")
+    return CheckResult(
+        f"long float32 runs on digits, {v['seeds']} paired seeds: {label}", criterion, v["mean_difference"],
+        v["passed"] if judged else None,
+        f"JAX − PyTorch = {v['mean_difference']:.3g}, {v['confidence']:.1%} interval [{v['interval'][0]:.3g}, "
+        f"{v['interval'][1]:.3g}], paired t-test p = {v['p_value']:.2f}; a true difference of {v['detectable']:.3g} "
+        f"would be detected with {v['power']:.0%} power. Means: JAX {v['jax_mean']:.3g}, PyTorch {v['pytorch_mean']:.3g}; "
+        f"per seed JAX {np.round(q['scores']['jax'][metric], 2).tolist()}, PyTorch "
+        f"{np.round(q['scores']['pytorch'][metric], 2).tolist()}",
+    )
 
 
 def _verdict(result: CheckResult, fail: str) -> str:

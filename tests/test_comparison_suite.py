@@ -131,3 +131,25 @@ def test_the_paired_comparison_agrees_with_scipy_and_a_hand_computed_interval():
     assert not shifted["passed"] and shifted["p_value"] < 1e-6
     with pytest.raises(ValueError, match="≥ 2 seeds"):
         paired_difference([1.0], [2.0])
+
+
+def _quality(jax_fd, torch_fd):
+    seeds = len(jax_fd)
+    confidence = quality.family_confidence(seeds)
+    scores = {"jax": {"fd": list(jax_fd), "score": [5.0 + 0.01 * i for i in range(seeds)]},
+              "pytorch": {"fd": list(torch_fd), "score": [5.0 + 0.011 * i for i in range(seeds)]}}
+    verdicts = {m: quality.paired_difference(scores["jax"][m], scores["pytorch"][m], confidence) for m in ("fd", "score")}
+    return {"scores": scores, "verdicts": verdicts}
+
+
+def test_the_quick_starts_two_seeds_are_reported_and_eight_are_judged_at_5_percent_false_alarms_for_the_pair():
+    # The quick start's two seeds as measured with jaxlib 0.10.2's workaround (a gap chance alone can make): reported.
+    two = report.quality_result("fd", "Fréchet distance", _quality([218.03, 316.0], [168.32, 260.02]))
+    assert two.passed is None and "reported, not judged: 2 seeds" in two.tolerance
+    # Eight seeds (the same measurement, all eight): judged; each row at 97.5% so that the pair errs 5% of the time.
+    jax_fd = [218.03, 316.0, 172.21, 88.75, 135.67, 139.72, 119.04, 82.62]
+    torch_fd = [168.32, 260.02, 181.15, 94.07, 110.44, 143.56, 95.5, 94.63]
+    eight = report.quality_result("fd", "Fréchet distance", _quality(jax_fd, torch_fd))
+    assert eight.passed is True and "97.5% interval" in eight.tolerance
+    gap = report.quality_result("fd", "Fréchet distance", _quality(np.add(torch_fd, 60.0), torch_fd))
+    assert gap.passed is False
