@@ -41,12 +41,13 @@ from functional_gan.config import TUTORIAL, TrainConfig
 from functional_gan.pytorch import dcgan
 from functional_gan.pytorch.precision import default_dtype
 from functional_gan.replay import check_batches, config_from_state_dicts, load_batches
+from functional_gan.testing.check import PERMUTED_RUNS
+from functional_gan.testing.torch_side import step_with_gradients
 
-from . import judge, port, reference_runs
+from . import judge, reference_runs
 from .common import state_from_snapshot
 
 STAGES = ("forward", "loss", "gradient", "update", "running statistics")
-PERMUTED_RUNS = port.PERMUTED_RUNS
 
 
 @dataclasses.dataclass
@@ -323,8 +324,8 @@ def find_divergence(
                    "D after iteration": convert.variables_to_state_dict(record["d_params"], record["d_stats_final"])},
             )
             shadow_updates = {
-                "D": [_parameters(port.step_with_gradients(s[1], s[3], ours["D gradient"])) for s in shadows],
-                "G": [_parameters(port.step_with_gradients(s[0], s[2], ours["G gradient"])) for s in shadows],
+                "D": [_parameters(step_with_gradients(s[1], s[3], ours["D gradient"])) for s in shadows],
+                "G": [_parameters(step_with_gradients(s[0], s[2], ours["G gradient"])) for s in shadows],
             }
             entries = _entries(ref, noisy, ours, shadow_updates, dtype, k, tolerance, before_activation)
             for i, entry in enumerate(entries):

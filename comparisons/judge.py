@@ -1,13 +1,17 @@
 """The one judge of "does the port agree with PyTorch": a quantity against its float64 reference.
 
-Used by ``check-port`` (:mod:`.port`), the divergence finder (:mod:`.diverge`) and the comparison
+Used by ``check-port`` (:mod:`functional_gan.testing`), the divergence finder (:mod:`.diverge`) and the comparison
 suite's trajectories (:func:`.common.compare_trajectory`, also on the recorded fixtures, without PyTorch).
 Free of PyTorch imports.
 
-A quantity's error is ``max |port − reference| / max |reference|`` (its scale). In float64 it must be
-within a tolerance (1e-10 of the scale by default). In float32 it must be within k × PyTorch's own
-error (the largest of PyTorch's float32 results against the same float64 reference, at least 4 ulps
-of the scale): the port may be as far from the exact answer as PyTorch itself is, k times over.
+A quantity's error is ``max |port − reference| / max |reference|`` (its scale). In float32 it must be within k ×
+PyTorch's own error (the largest of PyTorch's float32 results against the same float64 reference, at least 4 ulps
+of the scale): the port may be as far from the exact answer as PyTorch itself is, k times over. JAX's own float32
+error never widens that: a quantity beyond it is either a *precision finding* (the same JAX program in float64
+agrees with PyTorch, and the port's float32 error is its own rounding: the mathematics is right, its float32
+arithmetic less accurate than PyTorch's) or a divergence. In float64 it must be within a fixed tolerance (1e-10 of
+the scale by default), or, where PyTorch's own float64 error is measured (``float64_noise``: check-port runs
+PyTorch64 with the batch in other orders), within k × that error, at least 8 float64 ulps of the scale.
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ import numpy as np
 
 DEFAULT_K = 3.0
 FLOAT64_TOLERANCE = 1e-10  # of a tensor's scale
-ULPS = 4  # the smallest noise allowed for, in units of float32's epsilon times a tensor's scale
+ULPS = 4  # the smallest noise allowed for in float32, in units of float32's epsilon times a tensor's scale
+# ... and in float64 (check-port's grounded criterion): PyTorch's own float64 variants (the batch in other orders,
+# other memory layouts, inputs and weights moved by one ulp) share its kernels' long sums, so they see less of its
+# rounding than another library's kernels do: on the example ports a correct port's shallow rows reached 3.5× their
+# spread with 4 ulps as the floor (pytorch/examples' MNIST Net: conv1's bias gradient, 16 ulps against 4.7).
+ULPS64 = 8
+EPS = {"float32": float(np.finfo(np.float32).eps), "float64": float(np.finfo(np.float64).eps)}
 
 
 @dataclasses.dataclass
@@ -34,69 +44,98 @@ class Row:
     torch_value: float
     shapes: tuple | None = None  # (the port's shape, PyTorch's) when they differ: no number can be compared
     jax_noise: float | None = None  # max |JAX₃₂ − JAX₆₄| / scale, the same JAX program: JAX's own float32 rounding
+    twin_error: float | None = None  # max |JAX₆₄ − PyTorch₆₄| / scale: the same JAX program in float64 (its mathematics)
+    dtype: str = "float32"
+    # float64: a known cause of imprecision in the port (Flax's fast variance) that this row may inherit; set by
+    # check-port, which reads it off the port's modules
+    explained_by: str | None = None
 
     @property
     def passed(self) -> bool:
+        """Within k × PyTorch's own error (float32), or the float64 allowance: agreement, nothing else counts."""
         return self.shapes is None and self.port_error <= self.allowed
 
     @property
-    def beyond_pytorch(self) -> bool:
-        """Passed, but only by JAX's own float32 error: further from PyTorch64 than k × PyTorch's own."""
-        return self.passed and self.noise is not None and self.jax_noise is not None and \
-            self.port_error > self.allowed * _noise_at_least_ulps(self.noise) / _noise_at_least_ulps(max(self.noise, self.jax_noise))
+    def precision(self) -> bool:
+        """A precision finding: out of tolerance, but the same JAX program in float64 agrees with PyTorch64 (within
+        this row's float32 allowance) and the port's float32 error is within k × that program's own float32 rounding:
+        the mathematics is right, the float32 arithmetic less accurate than PyTorch's. In float64: out of k ×
+        PyTorch64's own error but within 1e-10 of the scale, in a port with a known imprecise algorithm."""
+        if self.dtype == "float64":  # no wider twin: a known cause read off the port, and within the fixed 1e-10
+            return (not self.passed and self.shapes is None and self.explained_by is not None
+                    and self.port_error <= FLOAT64_TOLERANCE)
+        return (not self.passed and self.shapes is None and self.twin_error is not None and self.jax_noise is not None
+                and math.isfinite(self.port_error) and self.twin_error <= self.allowed
+                and self.port_error <= self.allowed / _at_least_ulps(self.noise or 0.0, self.dtype)
+                * _at_least_ulps(self.jax_noise, self.dtype))
+
+    @property
+    def diverged(self) -> bool:
+        return not self.passed and not self.precision
 
     @property
     def ratio(self) -> float | None:
-        """The port's error over the noise it is judged against (PyTorch's own, or JAX's where that is larger)."""
+        """The port's error over PyTorch's own (at least 4 ulps), or None where PyTorch's own was not measured."""
         if self.noise is None:
             return None
-        return self.port_error / _noise_at_least_ulps(max(self.noise, self.jax_noise or 0.0))
+        return self.port_error / _at_least_ulps(self.noise, self.dtype)
 
 
-def _noise_at_least_ulps(noise: float) -> float:
-    return max(noise, ULPS * float(np.finfo(np.float32).eps))
+def _at_least_ulps(noise: float, dtype: str = "float32") -> float:
+    return max(noise, (ULPS if dtype == "float32" else ULPS64) * EPS[dtype])
 
 
-def float32_allowed(noise: float, k: float = DEFAULT_K) -> float:
-    """The largest error (relative to a tensor's scale) a float32 port may have: k × PyTorch's own, at least 4 ulps."""
-    return k * _noise_at_least_ulps(noise)
+def float32_allowed(noise: float, k: float = DEFAULT_K, dtype: str = "float32") -> float:
+    """The largest error (relative to a tensor's scale) a port may have: k × PyTorch's own, at least 4 ulps."""
+    return k * _at_least_ulps(noise, dtype)
 
 
 def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float = DEFAULT_K,
-            tolerance: float | None = None, port_shape: tuple | None = None, jax_noisy=()) -> Row:
+            tolerance: float | None = None, port_shape: tuple | None = None, jax_noisy=(), twin_reference=None,
+            float64_noise: bool = False) -> Row:
     """One quantity judged: the port's error against the float64 reference, relative to the reference's scale.
 
-    float64: within ``tolerance`` (default 1e-10). float32: within k × PyTorch's own error, the largest of
-    ``noisy`` (PyTorch's float32 results) against the reference, at least 4 ulps; a ``tolerance`` given
-    replaces that criterion with a fixed one. Arrays of different shapes give a row that records both shapes
-    (``port_shape``: the port's own, before any change of layout) and fails. ``jax_noisy``: (float32, float64)
-    pairs of the port's own results from one JAX program: its own float32 error ``|JAX₃₂ − JAX₆₄|``, in which any
-    mistake of the port cancels (both runs have it) and rounding does not. Where that is larger than PyTorch's
-    (XLA:CPU without YNNPACK sums float32 reductions less accurately than PyTorch's cascade), the port is allowed
-    k times JAX's own error instead.
+    float32: within k × PyTorch's own error, the largest of ``noisy`` (PyTorch's float32 results) against the
+    reference, at least 4 ulps; a ``tolerance`` given replaces that criterion with a fixed one. float64: within
+    ``tolerance`` (default 1e-10), or with ``float64_noise`` and ``noisy`` (PyTorch's float64 results in other
+    summation orders) within k × their largest error, at least 8 float64 ulps (:data:`ULPS64`). Arrays of different shapes give a row
+    that records both shapes (``port_shape``: the port's own, before any change of layout) and fails.
+
+    ``jax_noisy``: (float32, float64) pairs of the port's own results from one JAX program: ``|JAX₃₂ − JAX₆₄|`` is its
+    own float32 rounding, and ``|JAX₆₄ − reference|`` (or against ``twin_reference``, where the float64 program's
+    reference differs, as an update fed other gradients does) says whether its mathematics is right. They never
+    widen the allowance; they tell a precision finding from a divergence (:attr:`Row.precision`).
     """
     port = np.asarray(port, np.float64)
     reference = np.asarray(reference, np.float64)
     if port.shape != reference.shape:
         return Row(stage, name, math.inf, None, 0.0, 0.0, math.nan, math.nan,
-                   shapes=(tuple(port_shape) if port_shape is not None else port.shape, reference.shape))
+                   shapes=(tuple(port_shape) if port_shape is not None else port.shape, reference.shape), dtype=dtype)
     scale = float(np.max(np.abs(reference))) if reference.size else 0.0
     scale = scale if scale > 0 else 1.0
+
+    def error_of(values, against=reference) -> float:
+        values = np.asarray(values, np.float64)
+        return float(np.max(np.abs(values - np.asarray(against, np.float64)))) / scale if reference.size else 0.0
+
     difference = np.abs(port - reference)
     where = np.unravel_index(int(np.argmax(difference)), difference.shape) if difference.size else ()
     error = float(difference[where]) / scale if difference.size else 0.0
     if not np.all(np.isfinite(port)):
         error = math.inf
-    if dtype == "float64" or (tolerance is not None and not noisy):
-        noise, jax_noise, allowed = None, None, FLOAT64_TOLERANCE if tolerance is None else tolerance
-    else:  # ``noisy``: PyTorch's float32 results; the largest of their errors is PyTorch's own noise
-        noise = max((float(np.max(np.abs(np.asarray(n, np.float64) - reference))) / scale if reference.size else 0.0)
-                    for n in noisy)
-        own = [float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))) / scale if port.size else 0.0
-               for a, b in jax_noisy if np.shape(a) == np.shape(b) == port.shape]
-        jax_noise = max(own) if own else None
-        allowed = float32_allowed(max(noise, jax_noise or 0.0), k) if tolerance is None else tolerance
+    noise = jax_noise = twin_error = None
+    if dtype == "float64" and not (float64_noise and noisy and tolerance is None):
+        allowed = FLOAT64_TOLERANCE if tolerance is None else tolerance
+    elif dtype == "float32" and tolerance is not None and not noisy:
+        allowed = tolerance
+    else:  # ``noisy``: PyTorch's results in this dtype; the largest of their errors is PyTorch's own
+        noise = max(error_of(n) for n in noisy)
+        allowed = float32_allowed(noise, k, dtype) if tolerance is None else tolerance
+        pairs = [(a, b) for a, b in jax_noisy if np.shape(a) == np.shape(b) == port.shape]
+        if pairs and dtype == "float32":
+            jax_noise = max(error_of(a, b) for a, b in pairs)
+            twin_against = reference if twin_reference is None else twin_reference
+            twin_error = max(error_of(b, twin_against) for _, b in pairs)
     return Row(stage, name, error, noise, allowed, scale, float(port[where]) if port.size else math.nan,
-               float(reference[where]) if reference.size else math.nan, jax_noise=jax_noise)
-
-
+               float(reference[where]) if reference.size else math.nan, jax_noise=jax_noise, twin_error=twin_error,
+               dtype=dtype)

@@ -227,8 +227,13 @@ class Adapter:
     layout: str  # "flax": Flax's kernel names and layouts; "torch": PyTorch's (Equinox, plain functions)
     channels_last: bool  # the API's usual layout for images (the default to_jax / from_jax)
     variables: dict  # {"params": {...}, "batch_stats": {...}}, nested by module path in definition order
-    apply: Callable  # (variables, inputs, capture) -> (output, new batch_stats or {}, {module path: output})
+    # (variables, inputs, capture) -> (output, new batch_stats or {}, {module path: output}, new carry); variables
+    # may hold "carry", the port's own state beyond the paired statistics (see ``carry``), from its previous step
+    apply: Callable
     kinds: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)  # module path → its class, for layouts
+    carry: Any = None  # the port's own state that no PyTorch tensor pairs with, as the port starts (a pytree or None)
+    carried: str = ""  # what state a step hands to the next, in words, for the report
+    fast_variance: list[str] = dataclasses.field(default_factory=list)  # norm layers with use_fast_variance=True
 
 
 def _is_linen(model) -> bool:
@@ -311,16 +316,40 @@ def _linen_adapter(spec, model, inputs, seed) -> Adapter:
     others = {c: v for c, v in variables.items() if c not in ("params", "batch_stats", "intermediates")}
 
     def apply(tree, inputs, capture):
-        full = {**others, **{c: v for c, v in tree.items() if v}}
+        carry = tree.get("carry") if tree.get("carry") is not None else others
+        full = {**carry, **{c: v for c, v in tree.items() if v and c != "carry"}}
         mutable = [c for c in full if c != "params"] + ["intermediates"]
         if spec.jax_apply is not None:
             output, state = spec.jax_apply(model, full, *inputs, capture_intermediates=capture)
         else:
             output, state = model.apply(full, *inputs, capture_intermediates=capture, mutable=mutable)
         layers = _intermediates(state.get("intermediates", {})) if capture else {}
-        return output, dict(state.get("batch_stats", {})), layers
+        new_carry = {c: state.get(c, v) for c, v in carry.items()}
+        return output, dict(state.get("batch_stats", {})), layers, new_carry
 
-    return Adapter("Flax Linen", "flax", True, canonical, apply)
+    carried = ["batch_stats"] * bool(canonical["batch_stats"]) + sorted(others)
+    return Adapter("Flax Linen", "flax", True, canonical, apply, carry=others,
+                   carried=", ".join(f"the {c!r} collection" for c in carried),
+                   fast_variance=_linen_fast_variance(model, variables, inputs))
+
+
+def _linen_fast_variance(model, variables, inputs) -> list[str]:
+    """The paths of the Linen norm layers that compute the variance as E[x²] − E[x]² (``use_fast_variance=True``),
+    read off the modules while the model is traced once (no arithmetic)."""
+    found: list[str] = []
+
+    def spy(module, method_name):
+        if method_name == "__call__" and getattr(module, "use_fast_variance", False) is True:
+            path = "/".join(map(str, getattr(module, "path", ()) or module.scope.path))
+            if path not in found:
+                found.append(path)
+        return False
+
+    try:
+        jax.eval_shape(lambda v, *x: model.apply(v, *x, capture_intermediates=spy, mutable=True), variables, *inputs)
+    except Exception:  # a model that needs its own jax_apply: nothing read, nothing claimed
+        return []
+    return found
 
 
 # --- Flax NNX -----------------------------------------------------------------------------------------
@@ -341,9 +370,13 @@ def _nnx_adapter(spec, model) -> Adapter:
     canonical = {c: _nested(collections.get(c, {})) for c in ("params", "batch_stats")}
     modules = _modules_by_path(model, lambda m: isinstance(m, nnx.Module))
     kinds = {path: type(m).__name__ for path, m in modules.items()}
+    # The port's other state (RNG counters, caches, a Variable type of its own): carried from step to step as is.
+    other = {key: variable.get_value() for key, (_, variable) in flat.items()
+             if not isinstance(variable, (nnx.Param, nnx.BatchStat)) and hasattr(variable.get_value(), "shape")}
 
     def apply(tree, inputs, capture):
-        values = {**_flat(tree.get("params", {})), **_flat(tree.get("batch_stats", {}))}
+        values = {**_flat(tree.get("params", {})), **_flat(tree.get("batch_stats", {})),
+                  **(tree.get("carry") if tree.get("carry") is not None else {})}
         leaves = [(path, variable.replace(values[key]) if key in values else variable) for key, (path, variable) in flat.items()]
         net = nnx.merge(graphdef, nnx.from_flat_state(leaves))
         if capture:
@@ -352,10 +385,15 @@ def _nnx_adapter(spec, model) -> Adapter:
             layers.pop((), None)
         else:
             output, layers = net(*inputs), {}
-        stats = {tuple(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(net, nnx.BatchStat))}
-        return output, _nested(stats), layers
+        after = {tuple(map(str, p)): v for p, v in nnx.to_flat_state(nnx.state(net))}
+        stats = {key: v.get_value() for key, v in after.items() if isinstance(v, nnx.BatchStat)}
+        carry = {key: after[key].get_value() if key in after else value for key, value in other.items()}
+        return output, _nested(stats), layers, carry
 
-    return Adapter("Flax NNX", "flax", True, canonical, apply, kinds)
+    kinds_carried = sorted({type(flat[key][1]).__name__ for key in other})
+    carried = ", ".join(["nnx.BatchStat"] * bool(canonical["batch_stats"]) + [f"nnx.{k}" for k in kinds_carried])
+    fast = ["/".join(path) for path, m in modules.items() if getattr(m, "use_fast_variance", False) is True]
+    return Adapter("Flax NNX", "flax", True, canonical, apply, kinds, carry=other, carried=carried, fast_variance=fast)
 
 
 # --- Equinox ------------------------------------------------------------------------------------------
@@ -406,23 +444,26 @@ def _equinox_adapter(spec, made) -> Adapter:
     kinds = {path: f"eqx.{type(m).__name__}" for path, m in modules.items()}
     template = [leaf for _, leaf in leaves]
 
+    key = _equinox_key(model, spec)
+
     def apply(tree, inputs, capture):
         values = _flat(tree.get("params", {}))
         net = _refill(treedef, template, arrays, values)
-        current = None
-        if state is not None:  # a State is used once: each call starts from a copy, in the parameters' precision
-            dtype = next((v.dtype for v in values.values()), None)
+        current = tree.get("carry") if tree.get("carry") is not None else state
+        if current is not None:  # the State this step starts from (the port's own after its previous step), a copy in
+            dtype = next((v.dtype for v in values.values()), None)  # the parameters' precision
             current = jax.tree_util.tree_map(
-                lambda a: a.astype(dtype) if dtype is not None and np.issubdtype(a.dtype, np.floating) else a, _clone(state))
+                lambda a: a.astype(dtype) if dtype is not None and np.issubdtype(a.dtype, np.floating) else a, _clone(current))
         for path, value in _flat(tree.get("batch_stats", {})).items():
             current = _set_state_value(current, *stateful[path], value)
         record: dict = {}
         nets = _modules_by_path(net, lambda m: isinstance(m, eqx.Module)) if capture else {}
         nets.pop((), None)
+        extra = {"key": key} if key is not None else {}
 
         def call(*xs):
             with _recording_calls(nets, record), _taps(record):
-                result = net(*xs, current) if current is not None else net(*xs)
+                result = net(*xs, current, **extra) if current is not None else net(*xs, **extra)
             out, new_state = result if current is not None else (result, None)
             return out, new_state, dict(record)
 
@@ -432,9 +473,24 @@ def _equinox_adapter(spec, made) -> Adapter:
         else:
             out, new_state, layers = call(*inputs)
         stats = {path: _state_value(new_state, *where) for path, where in stateful.items()} if new_state is not None else {}
-        return out, _nested(stats), layers
+        return out, _nested(stats), layers, new_state
 
-    return Adapter("Equinox", "torch", False, canonical, apply, kinds)
+    carried = "the eqx.nn.State (every StateIndex: running statistics, counters and flags)" if state is not None else ""
+    return Adapter("Equinox", "torch", False, canonical, apply, kinds, carry=state, carried=carried)
+
+
+def _equinox_key(model, spec):
+    """The ``key`` an Equinox model's ``__call__`` takes, where it takes one (``key=None`` by Equinox's convention for
+    layers without randomness, required by models that draw dropout masks): a fixed key from the checker's seed. In
+    inference mode (``TRAIN = False``) Equinox's dropout ignores it; in training mode the draws cannot match
+    PyTorch's, as with every API."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(type(model).__call__).parameters
+    except (TypeError, ValueError):
+        return None
+    return jax.random.key(getattr(spec, "seed", 0)) if "key" in parameters else None
 
 
 def _clone(tree):
@@ -481,20 +537,24 @@ def _function_adapter(spec) -> Adapter:
         structure[collection] = (treedef, [leaf for _, leaf in leaves], flat)
         canonical[collection] = _nested({path: leaf for path, (_, leaf) in flat.items()})
 
-    def rebuild(collection, tree):
+    def rebuild(collection, tree, template_tree=None):
         treedef, template, flat = structure[collection]
+        if template_tree is not None:  # the state the port handed on: its other leaves (counters) as it left them
+            template = jax.tree_util.tree_leaves(template_tree)
         return _refill(treedef, template, flat, _flat(tree))
 
     def apply(tree, inputs, capture):
         record: dict = {}
+        new_state = None
         with _taps(record) if capture else contextlib.nullcontext():
             if state is None:
                 output, stats = spec.jax_apply(rebuild("params", tree["params"]), *inputs), {}
             else:
                 output, new_state = spec.jax_apply(rebuild("params", tree["params"]),
-                                                   rebuild("batch_stats", tree["batch_stats"]), *inputs)
+                                                   rebuild("batch_stats", tree["batch_stats"], tree.get("carry")), *inputs)
                 leaves = {tuple(_key_name(k) for k in p): v for p, v in jax.tree_util.tree_flatten_with_path(new_state)[0]}
                 stats = _nested({path: leaves[path] for path in structure["batch_stats"][2]})
-        return output, stats, dict(record)
+        return output, stats, dict(record), new_state
 
-    return Adapter("plain function", "torch", False, canonical, apply)
+    return Adapter("plain function", "torch", False, canonical, apply, carry=state,
+                   carried="the state jax_apply returns" if state is not None else "")

@@ -16,17 +16,20 @@ def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer) -> Callable
     """One step of the port as a pure function: (variables, inputs, targets, opt_state) -> what it computed."""
 
     def step(variables, inputs, targets, opt_state):
-        output, _, layers = adapter.apply(variables, inputs, True)
-        seen = {"output": output, "layers": layers}
+        # ``variables``: params (PyTorch's, each step), batch_stats and the adapter's "carry" (the port's own state,
+        # from its previous step): the capture call and the training call both start from that state, and the
+        # training call's state is the one carried to the next step.
+        output, stats, layers, carry = adapter.apply(variables, inputs, True)
+        seen = {"output": output, "layers": layers, "batch_stats": stats, "carry": carry}
         if spec.jax_loss is None:
             return seen
 
         def loss_fn(params):
-            out, stats, _ = adapter.apply({**variables, "params": params}, inputs, False)
-            return spec.jax_loss(out, *inputs, *targets), stats
+            out, stats, _, carry = adapter.apply({**variables, "params": params}, inputs, False)
+            return spec.jax_loss(out, *inputs, *targets), (stats, carry)
 
-        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(variables["params"])
-        seen.update(loss=loss, grads=grads, batch_stats=stats)
+        (loss, (stats, carry)), grads = jax.value_and_grad(loss_fn, has_aux=True)(variables["params"])
+        seen.update(loss=loss, grads=grads, batch_stats=stats, carry=carry)
         if optimizer is not None:
             import optax
 

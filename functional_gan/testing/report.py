@@ -1,14 +1,20 @@
-"""The report of a check: its rows, its verdict, and the text, Markdown and JSON forms."""
+"""The report of a check: its rows, its verdict, and the text, Markdown and JSON forms.
+
+Three outcomes, each with its exit status: agreement (0); a divergence (1: a quantity out of tolerance whose
+float64 twin does not explain it, or a shape that differs); precision findings and no divergence (3: quantities
+beyond k × PyTorch's own float32 error while the same JAX program in float64 agrees with PyTorch; 0 with
+``--allow-precision``). The text starts with its summary (per stage the count and the worst ratio to PyTorch's own
+error, every divergence and precision finding), then the weight transfer and the table.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
 import jax
-import numpy as np
 
 from functional_gan import xla_guard
-from functional_gan.comparisons.judge import FLOAT64_TOLERANCE, ULPS, Row
+from functional_gan.comparisons.judge import FLOAT64_TOLERANCE, ULPS, ULPS64, Row
 
 from .pairing import Pairing
 
@@ -18,6 +24,11 @@ PROGRAMS = ("jit", "eager")  # the compiled program (judged) and the same code o
 def jax_build() -> str:
     """The JAX build that ran the port, as the report names it."""
     return f"jax {jax.__version__}, {xla_guard.describe()}"
+
+
+STAGES = ("forward", "output", "loss", "gradient", "update", "buffer")
+EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_SPEC, EXIT_PRECISION = 0, 1, 2, 3
+LISTED = 20  # divergences and precision findings listed by name in the summary (the table has every row)
 
 
 @dataclasses.dataclass
@@ -33,14 +44,38 @@ class Report:
     build: str = ""
     layers: int = 0  # paired layers PyTorch ran
     uncaptured: list[str] = dataclasses.field(default_factory=list)  # those of them without the port's output
+    carried: str = ""  # the port's own state handed from each step to the next, in words ("" for one step)
+    steps: int = 1
+    causes: list[str] = dataclasses.field(default_factory=list)  # the likely causes of the precision findings
 
     @property
     def first_divergence(self) -> Row | None:
-        return next((r for r in self.rows if not r.passed), None) or next((r for r in self.other_rows if not r.passed), None)
+        return next((r for r in self.rows if r.diverged), None) or next((r for r in self.other_rows if r.diverged), None)
+
+    @property
+    def precision_findings(self) -> list[Row]:
+        """The judged program's rows beyond k × PyTorch's own float32 error whose float64 twin agrees with PyTorch."""
+        return [r for r in self.rows if r.precision]
+
+    @property
+    def precision_start(self) -> Row | None:
+        """Where the imprecision starts: the first forward (or output) finding, before the gradients inheriting it."""
+        from .precision import start_of
+
+        return start_of(self.precision_findings)
 
     @property
     def passed(self) -> bool:
-        return self.first_divergence is None
+        """Agreement: every quantity within tolerance, no divergence and no precision finding."""
+        return self.first_divergence is None and not self.precision_findings
+
+    def exit_status(self, allow_precision: bool = False) -> int:
+        """0 agreement, 1 a divergence, 3 precision findings only (0 with ``allow_precision``)."""
+        if self.first_divergence is not None:
+            return EXIT_DIVERGENCE
+        if self.precision_findings and not allow_precision:
+            return EXIT_PRECISION
+        return EXIT_AGREEMENT
 
     @property
     def only_in(self) -> str | None:
@@ -50,29 +85,33 @@ class Report:
             return None
         twins = {(r.stage, r.name): r for r in (self.other_rows if first in self.rows else self.rows)}
         twin = twins.get((first.stage, first.name))
-        if twin is None or not twin.passed:
+        if twin is None or twin.diverged:
             return None
         return self.programs[0] if first in self.rows else self.programs[1]
 
-    @property
-    def beyond_pytorch(self) -> list[Row]:
-        """The quantities that pass only by JAX's own float32 error (PyTorch's alone would not allow them)."""
-        return [r for r in self.rows if r.beyond_pytorch]
+    def _precision_text(self) -> str:
+        findings = self.precision_findings
+        if not findings:
+            return ""
+        ratios = [r.ratio for r in findings if r.ratio is not None]
+        start = self.precision_start
+        text = (f"Precision: {len(findings)} quantities are {min(ratios):.1f}–{max(ratios):.1f}× PyTorch's own float32 error "
+                f"(allowed {self.k:g}×) although the same JAX program in float64 agrees with PyTorch: the mathematics is "
+                f"right, the port's float32 arithmetic is less accurate than PyTorch's. It starts at {start.stage}, "
+                f"{start.name} ({start.ratio:.1f}×).")
+        for cause in self.causes:
+            text += f"\nLikely cause: {cause}"
+        return text
 
     def verdict(self) -> str:
-        """The report's last line(s): agreement, or the first divergence and what it means."""
+        """The report's last line(s): agreement, precision findings, or the first divergence and what it means."""
         first = self.first_divergence
+        precision = self._precision_text()
         if first is None:
-            text = f"Agreement: all {len(self.rows)} quantities within tolerance ({_program_words(self.programs)})."
-            rounding = self.beyond_pytorch
-            if rounding:
-                r = rounding[0]
-                text += (f"\n{len(rounding)} of them (marked *) are further from PyTorch64 than {self.k:g}× PyTorch's own "
-                         f"float32 error, but within {self.k:g}× JAX's own (the same JAX program in float64 is right): JAX's "
-                         f"float32 arithmetic is less accurate than PyTorch's there, not the port's logic. First: "
-                         f"{r.stage}, {r.name} ({r.port_error / _at_least_ulps(r.noise):.1f}× PyTorch's error, "
-                         f"{r.port_error / _at_least_ulps(r.jax_noise):.1f}× JAX's).")
-            return text
+            if precision:
+                return (precision + f"\nNo divergence: every other quantity within tolerance ({_program_words(self.programs)}); "
+                        "exit status 3 (--allow-precision: 0).")
+            return f"Agreement: all {len(self.rows)} quantities within tolerance ({_program_words(self.programs)})."
         if first.shapes is not None:
             port_shape, torch_shape = first.shapes
             text = (f"First divergence: {first.stage}, {first.name}: the shapes differ: the port gives {port_shape}, "
@@ -81,6 +120,9 @@ class Report:
             text = (f"First divergence: {first.stage}, {first.name}: error {first.port_error:.3g} of the tensor's scale "
                     f"{first.scale:.3g} (allowed {first.allowed:.3g}); at the largest difference JAX has "
                     f"{first.jax_value:.8g}, PyTorch (float64) {first.torch_value:.8g}.")
+            if first.twin_error is not None:
+                text += (f" The same JAX program in float64 is {first.twin_error:.3g} of the scale from PyTorch64: "
+                         "the mathematics differs.")
         only = self.only_in
         if only == "jit":
             text += ("\nOnly the compiled program (jax.jit) departs: the same code run op by op agrees with PyTorch. "
@@ -88,41 +130,92 @@ class Report:
         elif only == "eager":
             text += ("\nOnly the op-by-op program departs: the compiled one (jax.jit) agrees with PyTorch. The two "
                      f"programs differ: a JAX/XLA matter, not the port ({self.build}).")
-        return text
+        return text + ("\n" + precision if precision else "")
 
     def _coverage(self) -> str:
         if not self.uncaptured:
             return f"Per-layer outputs: all {self.layers} paired layers."
-        why = {"plain function": "mark each with functional_gan.testing.tap('layer path', x)",
-               "Flax Linen": "capture_intermediates sees only submodules' __call__, outside nn.scan/nn.vmap"}.get(
-            self.api, "only a submodule's __call__ is seen, and not inside the port's own jax.vmap or lax.scan")
+        why = {"plain function": "mark each with functional_gan.testing.tap('layer path', x)"}.get(
+            self.api, "a layer is seen when the port calls it as a module")
         return (f"Per-layer outputs: {self.layers - len(self.uncaptured)} of {self.layers} paired layers; none for "
                 f"{', '.join(self.uncaptured)} ({why}): a divergence there shows at the next layer that has one.")
 
+    def _state_line(self) -> str:
+        if self.steps < 2:
+            return ""
+        own = f"the port's own state ({self.carried}) from its previous step, as training carries it" if self.carried \
+            else "no state of the port's own (it keeps none)"
+        return f"Steps: {self.steps}; each starts from PyTorch's parameters (teacher forcing) and {own}."
+
+    def summary(self) -> list[str]:
+        """Per stage: the count and the worst ratio to PyTorch's own error (or to the allowance) with its row; then
+        every divergence and precision finding (the first {LISTED} by name)."""
+        status = self.exit_status()
+        outcome = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE", EXIT_PRECISION: "precision findings"}[status]
+        lines = [f"Summary: {outcome} (exit status {status}); {len(self.rows)} quantities, {self.dtype}, "
+                 f"k = {self.k:g}", f"  {'stage':<9} {'rows':>5}  {'worst':>9}  at"]
+        for stage in STAGES:
+            rows = [r for r in self.rows if r.stage.split(": ")[-1] == stage]
+            if not rows:
+                continue
+            worst = max(rows, key=_badness)
+            lines.append(f"  {stage:<9} {len(rows):>5}  {_measure(worst):>9}  {worst.stage}, {worst.name}"
+                         f"{'' if worst.passed else (' ≈ precision' if worst.precision else ' ✗')}")
+        lines.append("  (worst: the error over PyTorch's own in the same dtype, × ; or over the allowance, of)")
+        diverged = [r for r in self.rows + [r for r in self.other_rows if r.diverged] if r.diverged]
+        for title, found in (("Divergences", diverged), ("Precision findings", self.precision_findings)):
+            if found:
+                lines.append(f"{title} ({len(found)}):")
+                lines += [f"  {r.stage}, {r.name}: {_measure(r)}" for r in found[:LISTED]]
+                if len(found) > LISTED:
+                    lines.append(f"  ... and {len(found) - LISTED} more (marked in the table)")
+        return lines
+
     def to_json(self) -> dict:
         def rows(which):
-            return [{**dataclasses.asdict(r), "passed": r.passed, "ratio_to_pytorch_noise": r.ratio} for r in which]
+            return [{**dataclasses.asdict(r), "passed": r.passed, "precision": r.precision, "diverged": r.diverged,
+                     "ratio_to_pytorch_noise": r.ratio} for r in which]
 
-        return {"spec": self.spec, "dtype": self.dtype, "k": self.k, "passed": self.passed, "api": self.api,
+        start = self.precision_start
+        return {"spec": self.spec, "dtype": self.dtype, "k": self.k, "passed": self.passed,
+                "exit_status": self.exit_status(), "api": self.api,
                 "programs": list(self.programs), "build": self.build, "only_in": self.only_in,
-                "layers": self.layers, "uncaptured_layers": self.uncaptured,
+                "layers": self.layers, "uncaptured_layers": self.uncaptured, "steps": self.steps,
+                "carried_state": self.carried,
                 "transfer": [dataclasses.asdict(p) for p in self.pairings], "rows": rows(self.rows),
                 "other_program_rows": rows(self.other_rows),
-                "first_divergence": None if self.passed else dataclasses.asdict(self.first_divergence)}
+                "first_divergence": None if self.first_divergence is None else dataclasses.asdict(self.first_divergence),
+                "precision": {"findings": len(self.precision_findings), "causes": self.causes,
+                              "starts_at": None if start is None else {"stage": start.stage, "name": start.name,
+                                                                       "ratio": start.ratio}}}
+
+    def criterion(self) -> str:
+        if self.dtype == "float32":
+            return (f"|JAX − PyTorch64| ≤ {self.k:g} × max(|PyTorch32 − PyTorch64|, {ULPS} ulps), relative to each "
+                    "tensor's scale (PyTorch32: also with the batch in two other orders). Beyond it, a precision finding "
+                    "(≈) where the same JAX program in float64 agrees with PyTorch64 within that allowance and JAX's own "
+                    "float32 error |JAX32 − JAX64| accounts for it; else a divergence (✗).")
+        measured = any(r.noise is not None for r in self.rows)
+        if measured:
+            return (f"|JAX − PyTorch64| ≤ {self.k:g} × max(|PyTorch64' − PyTorch64|, {ULPS64} ulps of float64), relative "
+                    "to each tensor's scale (PyTorch64': PyTorch in float64 with the batch in two other orders, with its "
+                    "weights and images in other memory layouts, and with every input and weight moved by one ulp; for "
+                    f"the update, its optimizer fed moved gradients; {FLOAT64_TOLERANCE:g} where nothing was measured)")
+        return f"|JAX − PyTorch64| ≤ {FLOAT64_TOLERANCE:g} of each tensor's scale"
 
     def format(self, markdown: bool = False) -> str:
         lines = [f"# check-port: {self.spec} ({self.dtype})", ""] if markdown else []
-        lines += [f"Port: {self.api}; JAX program checked: {_program_words(self.programs)}; {self.build}",
-                  self._coverage(), "", "Weight transfer (PyTorch → port):"]
+        lines += self.summary()
+        lines += ["", f"Port: {self.api}; JAX program checked: {_program_words(self.programs)}; {self.build}",
+                  self._coverage()]
+        if self._state_line():
+            lines.append(self._state_line())
+        lines += ["", "Weight transfer (PyTorch → port):"]
         width_torch = max([len(p.torch_key) for p in self.pairings] + [8])
         width_jax = max([len(p.jax_name) for p in self.pairings] + [8])
         for p in self.pairings:
             lines.append(f"  {p.torch_key:<{width_torch}}  →  {p.jax_name:<{width_jax}}  {p.transform}")
-        criterion = (f"|JAX − PyTorch64| ≤ {self.k:g} × max(|PyTorch32 − PyTorch64|, |JAX32 − JAX64|, {ULPS} ulps), relative "
-                     "to each tensor's scale (PyTorch32: also with the batch in two other orders; JAX64: the same JAX "
-                     f"program in float64, {'op by op' if 'eager' in self.programs else 'compiled'})"
-                     if self.dtype == "float32" else f"|JAX − PyTorch64| ≤ {FLOAT64_TOLERANCE:g} of each tensor's scale")
-        lines += ["", f"Criterion: {criterion}", ""]
+        lines += ["", f"Criterion: {self.criterion()}", ""]
         width_stage = max([len(r.stage) for r in self.rows] + [5])
         width_name = max([len(r.name) for r in self.rows] + [8])
         header = (f"{'stage':<{width_stage}}  {'quantity':<{width_name}}  {'port error':>11} {'PyTorch noise':>13} "
@@ -133,7 +226,7 @@ class Report:
             jax_noise = f"{r.jax_noise:.2e}" if r.jax_noise is not None else "—"
             ratio = f"{r.ratio:.2f}" if r.ratio is not None else "—"
             error = "shape" if r.shapes is not None else f"{r.port_error:.2e}"
-            mark = ("✓*" if r.beyond_pytorch else "✓") if r.passed else "✗"
+            mark = "✓" if r.passed else ("≈" if r.precision else "✗")
             lines.append(f"{r.stage:<{width_stage}}  {r.name:<{width_name}}  {error:>11} {noise:>13} {jax_noise:>10} "
                          f"{ratio:>7}  {mark}")
         lines += ["", self.verdict()]
@@ -141,12 +234,20 @@ class Report:
         return f"```text\n{text}\n```\n" if markdown else text
 
 
-def _at_least_ulps(noise: float | None) -> float:
-    return max(noise or 0.0, ULPS * float(np.finfo(np.float32).eps))
+def _badness(row: Row) -> float:
+    if row.shapes is not None:
+        return float("inf")
+    return row.ratio if row.ratio is not None else row.port_error / row.allowed if row.allowed else float("inf")
+
+
+def _measure(row: Row) -> str:
+    if row.shapes is not None:
+        return "shape"
+    if row.ratio is not None:
+        return f"{row.ratio:.2f}×"
+    return f"{row.port_error / row.allowed:.2g} of" if row.allowed else "inf"
 
 
 def _program_words(programs: tuple[str, ...]) -> str:
     words = {"jit": "compiled with jax.jit, as training runs it", "eager": "op by op, without jax.jit"}
     return " and ".join(words[p] for p in programs)
-
-

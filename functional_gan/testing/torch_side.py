@@ -20,8 +20,21 @@ def _torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
     return model, optimizer
 
 
+def other_layout(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with the same values in other memory layouts: matrices column-major, 4-D and 5-D weights
+    channels-last. PyTorch's kernels then take other paths and sum in other orders (the same Linear in float64 differs
+    by about 12 ulps of its scale between a row-major and a column-major weight of 9216 columns)."""
+    for parameter in model.parameters():
+        if parameter.ndim == 2:
+            parameter.data = parameter.data.t().contiguous().t()
+        elif parameter.ndim in (4, 5):
+            fmt = torch.channels_last if parameter.ndim == 4 else torch.channels_last_3d
+            parameter.data = parameter.data.contiguous(memory_format=fmt)
+    return model
+
+
 def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_layers: dict[str, str],
-                permutation: np.ndarray | None = None):
+                permutation: np.ndarray | None = None, layout: bool = False):
     """One forward (with each paired layer's output), loss, backward, optimizer step. Returns what it saw.
 
     With ``permutation`` the samples go in that order and every output is put back in the original order.
@@ -49,6 +62,9 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
                 for x in arrays]
 
     tensors, target_tensors = on_torch(inputs), on_torch(targets)
+    if layout:  # images channels-last too, as other_layout's weights
+        tensors = [t.contiguous(memory_format=torch.channels_last) if t.ndim == 4 and t.is_floating_point() else t
+                   for t in tensors]
     if optimizer is not None:
         optimizer.zero_grad()
     output = model(*tensors)

@@ -1,0 +1,121 @@
+"""Precision findings: where a port's float32 error is beyond PyTorch's own although its mathematics is right, why.
+
+A row is a precision finding when it is further from PyTorch64 than k × PyTorch's own float32 error while the same
+JAX program in float64 agrees with PyTorch64 (:attr:`functional_gan.comparisons.judge.Row.precision`). The check
+then names where it starts (the first forward row, before the gradients that inherit it) and the causes that fit,
+each read off the port or measured, never assumed:
+
+* Flax's ``BatchNorm``/``LayerNorm``/``GroupNorm`` with ``use_fast_variance=True`` (their default), read off the
+  port's modules: the variance as E[x²] − E[x]² cancels where the mean is large against the spread, while PyTorch
+  subtracts the mean first;
+* optax's Adam-family bias corrections ``1 − βᵗ``, computed in float32 (PyTorch computes them in Python's float64),
+  where the first finding is an update and the optimizer state holds Adam's moments;
+* XLA:CPU's float32 reductions under the jaxlib 0.10.2 workaround, measured on the port's own layer outputs (a sum
+  over every axis but the channels, as a normalisation takes it) against PyTorch's float32 sum of the same values;
+* on a GPU or TPU, a matrix product or convolution of the port's whose ``precision`` or dtype the port fixes below
+  full float32 (check-port asks for ``'highest'`` by default; an explicit setting in the port wins), read off the
+  step's jaxpr.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from functional_gan import xla_guard
+from functional_gan.comparisons.judge import Row
+
+
+def start_of(findings: list[Row]) -> Row | None:
+    """Where the imprecision starts: the first forward (or output) row among the findings, else the first one."""
+    for row in findings:
+        if row.stage.split(": ")[-1] in ("forward", "output"):
+            return row
+    return findings[0] if findings else None
+
+
+def _uses_adam(opt_state) -> bool:
+    names = {type(node).__name__ for node in jax.tree_util.tree_leaves(
+        opt_state, is_leaf=lambda n: hasattr(n, "_fields") and hasattr(n, "mu"))}
+    return any("Adam" in name or "Lion" in name for name in names)
+
+
+def xla_reduction_ratio(layers: dict[str, np.ndarray], channels_last: bool) -> tuple[float, str] | None:
+    """The worst ratio, over the port's recorded layer outputs (PyTorch's float64 values, PyTorch's layout), of XLA's
+    float32 error to PyTorch's in a sum over every axis but the channels; and the layer where it is worst."""
+    import torch
+
+    worst: tuple[float, str] | None = None
+    summed = jax.jit(lambda x, axes: jnp.sum(x, axis=axes), static_argnums=1)
+    for name, value in layers.items():
+        value = np.asarray(value)
+        if value.ndim < 2 or value.size < 64:
+            continue
+        torch_axes = tuple(a for a in range(value.ndim) if a != 1)
+        exact = value.sum(axis=torch_axes)
+        scale = max(float(np.max(np.abs(exact))), 1e-300)
+        torch_error = float(np.max(np.abs(torch.from_numpy(value.astype(np.float32)).sum(dim=torch_axes).double().numpy()
+                                          - exact))) / scale
+        port_value = np.moveaxis(value, 1, -1) if channels_last else value
+        port_axes = tuple(range(value.ndim - 1)) if channels_last else torch_axes
+        xla_error = float(np.max(np.abs(np.asarray(summed(jnp.asarray(port_value, jnp.float32), port_axes), np.float64)
+                                        - exact))) / scale
+        ratio = xla_error / max(torch_error, float(np.finfo(np.float32).eps))
+        if worst is None or ratio > worst[0]:
+            worst = (ratio, name or "(model)")
+    return worst
+
+
+def _low_precision_products(jaxpr) -> int:
+    """How many matrix products and convolutions of a step's jaxpr run below full float32 by the port's own choice."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+            precision = eqn.params.get("precision")
+            values = precision if isinstance(precision, tuple) else (precision,)
+            explicit = [p for p in values if p is not None]
+            low_type = any(np.dtype(v.aval.dtype) in (jnp.bfloat16, jnp.float16) for v in eqn.invars if hasattr(v, "aval"))
+            if low_type or any(str(p).upper().endswith(("DEFAULT", "HIGH", "BF16_BF16_F32", "TF32_TF32_F32")) for p in explicit):
+                count += 1
+        for sub in jax.core.jaxprs_in_params(eqn.params) if hasattr(jax.core, "jaxprs_in_params") else ():
+            count += _low_precision_products(sub)
+    return count
+
+
+def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, layers: dict[str, np.ndarray],
+                  channels_last: bool, step_jaxpr=None, dtype: str = "float32") -> list[str]:
+    """The causes that fit ``findings``, each in one sentence with what was read or measured."""
+    if not findings:
+        return []
+    causes = []
+    if fast_variance:
+        more = f" and {len(fast_variance) - 1} more" if len(fast_variance) > 1 else ""
+        causes.append(
+            f"Flax's normalisation at {fast_variance[0]}{more} computes the variance as E[x²] − E[x]² "
+            "(use_fast_variance=True, Flax's default), which cancels where the mean is large against the spread; PyTorch "
+            "subtracts the mean first. Build the port's BatchNorm/LayerNorm/GroupNorm with use_fast_variance=False.")
+    first = findings[0]
+    if dtype == "float32" and first.stage.split(": ")[-1] == "update" and _uses_adam(opt_state):
+        causes.append(
+            "optax computes Adam's bias corrections 1 − βᵗ in float32 (β₂ = 0.999 is 0.99900001 there, and 1 − β₂ loses "
+            "1.3e-5 of its value), PyTorch in Python's float64: every float32 update differs by about 6e-6 of its size. "
+            "An optimizer that computes 1 − βᵗ as −expm1(t·log β) has no such rows (examples/port/nanogpt_block.py).")
+    if dtype == "float32" and jax.default_backend() == "cpu" and xla_guard.needs_workaround() and xla_guard.flag_in_effect():
+        measured = xla_reduction_ratio(layers, channels_last)
+        if measured is not None and measured[0] > 1.5:
+            causes.append(
+                f"XLA:CPU's float32 reductions under the workaround for jaxlib {xla_guard.installed_jaxlib()}'s miscompile "
+                f"(--xla_cpu_experimental_ynn_fusion_type=-reduce): on this port's layer outputs, a sum over every axis but "
+                f"the channels errs {measured[0]:.1f}× PyTorch's float32 sum of the same values (worst at "
+                f"{measured[1]}). jax ≥ 0.12 (Python ≥ 3.12) needs no workaround.")
+    if jax.default_backend() != "cpu" and step_jaxpr is not None:
+        low = _low_precision_products(step_jaxpr)
+        if low:
+            causes.append(f"{low} matrix products or convolutions of the port run below full float32 on "
+                          f"{jax.default_backend()} (a precision= or a bfloat16/float16 dtype set in the port; check-port "
+                          "asks for 'highest' where the port sets nothing).")
+    if not causes:
+        causes.append("no known cause fits: the port's float32 arithmetic differs from PyTorch's from the first row named "
+                      "(an algorithm of its own: a sum in another order, a cancellation, a reciprocal where PyTorch divides).")
+    return causes

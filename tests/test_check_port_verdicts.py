@@ -1,0 +1,253 @@
+"""check-port's verdicts on real, deep ports: precision findings, state carried between steps, float64 grounded in
+PyTorch's own float64 error, Equinox as its users write it, and a report that starts with its summary.
+
+Each test builds a small PyTorch model and a port whose only fault (if any) is the one under test, so that what the
+report names can be compared with what was planted.
+"""
+
+import equinox as eqx
+import flax.linen as fnn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from functional_gan import testing
+from functional_gan.main import main
+from tests.helpers import assert_agrees
+
+KEY = jax.random.key(0)
+
+
+# --- 1. float32 precision: a finding of its own, never agreement -------------------------------------------------
+
+
+class _BNConvFC(torch.nn.Module):
+    """PyTorch's BatchNorm without running statistics (the batch statistics are all it computes) on the images, a
+    convolution, a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm2d(3, track_running_stats=False)
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(4 * 5 * 5, 2)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(self.bn(x))).flatten(1))
+
+
+class _LinenBNConvFC(fnn.Module):
+    fast_variance: bool = True
+
+    @fnn.compact
+    def __call__(self, x):  # NHWC
+        x = fnn.BatchNorm(use_running_average=False, momentum=0.9, epsilon=1e-5, use_fast_variance=self.fast_variance)(x)
+        x = fnn.Conv(4, (3, 3), padding=[(1, 1)] * 2)(x)
+        x = jnp.transpose(fnn.relu(x), (0, 3, 1, 2)).reshape(x.shape[0], -1)  # flatten as PyTorch does
+        return fnn.Dense(2)(x)
+
+
+def _offset_spec(fast_variance: bool) -> testing.Spec:
+    """Images far from zero (mean 40, spread 1), where E[x²] − E[x]² cancels: the variance loses about 40² × float32's
+    epsilon of its value (3e-4, measured: 2.6e-6 in the two-pass form)."""
+    return testing.Spec(
+        _BNConvFC, jax_model=lambda: _LinenBNConvFC(fast_variance),
+        example_inputs=lambda: (40 + np.random.default_rng(0).normal(size=(8, 3, 5, 5)).astype(np.float32),),
+        example_targets=lambda: (np.random.default_rng(1).normal(size=(8, 2)).astype(np.float32),),
+        torch_loss=lambda out, x, t: torch.mean((out - t) ** 2), jax_loss=lambda out, x, t: jnp.mean((out - t) ** 2),
+        torch_optimizer=lambda p: torch.optim.SGD(p, lr=0.1), jax_optimizer=lambda: __import__("optax").sgd(0.1))
+
+
+def test_a_fast_variance_batchnorm_is_a_precision_finding_named_at_its_layer_with_its_cause():
+    report = testing.check_port(_offset_spec(fast_variance=True), "float32")
+    assert report.first_divergence is None, report.format()
+    assert report.precision_findings and not report.passed and report.exit_status() == 3, report.format()
+    start = report.precision_start
+    assert (start.stage, start.name) == ("forward", "bn"), report.format()  # where it starts, before the gradients
+    assert start.ratio > 3 and start.twin_error <= start.allowed
+    assert any("use_fast_variance=True" in c and "BatchNorm_0" in c for c in report.causes), report.causes
+    text = report.format()
+    assert text.startswith("Summary: precision findings (exit status 3)") and "Precision findings (" in text
+    assert "≈" in text and "Likely cause: Flax's normalisation at BatchNorm_0" in text
+    # In float64 the same cancellation costs 2²⁹ times less, still beyond PyTorch's own float64 error (which the
+    # float64 criterion measures): a precision finding with the same cause, within the fixed 1e-10 of each scale.
+    wide = testing.check_port(_offset_spec(fast_variance=True), "float64", programs=("jit",))
+    assert wide.first_divergence is None and wide.precision_findings, wide.format()
+    assert (wide.precision_start.stage, wide.precision_start.name) == ("forward", "bn")
+    assert max(r.port_error for r in wide.rows) < 1e-10 and any("use_fast_variance=True" in c for c in wide.causes)
+    assert testing.check_port(_offset_spec(fast_variance=False), "float64", programs=("jit",)).passed
+    # Without the fast variance: no finding of that cause (any left are the platform's, and named so).
+    fixed = testing.check_port(_offset_spec(fast_variance=False), "float32")
+    assert_agrees(fixed)
+    assert not any("use_fast_variance" in c for c in fixed.causes)
+
+
+def test_precision_findings_exit_3_and_0_when_allowed(tmp_path, capsys, monkeypatch):
+    spec = tmp_path / "fast_variance_spec.py"
+    spec.write_text("from tests.test_check_port_verdicts import _offset_spec\n"
+                    "globals().update({k: v for k, v in vars(_offset_spec(True)).items() if k != 'name'})\n"
+                    "TRAIN = True\n")
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert main(["check-port", str(spec), "--program", "jit"]) == 3
+    out = capsys.readouterr().out
+    assert out.startswith("Summary: precision findings (exit status 3)") and "exit status 3 (--allow-precision: 0)" in out
+    assert main(["check-port", str(spec), "--program", "jit", "--allow-precision"]) == 0
+    with pytest.raises(AssertionError, match="Precision: "):
+        testing.assert_port(_offset_spec(True), programs=("jit",))
+    assert testing.assert_port(_offset_spec(True), programs=("jit",), allow_precision=True).precision_findings
+
+
+def test_a_divergence_still_lists_the_precision_findings():
+    class Wrong(_LinenBNConvFC):
+        @fnn.compact
+        def __call__(self, x):
+            return super().__call__(x) * 1.01  # a planted mistake after the imprecise BatchNorm
+
+    spec = _offset_spec(True)
+    spec.jax_model = lambda: Wrong(True)
+    report = testing.check_port(spec, "float32", programs=("jit",))
+    assert (report.first_divergence.stage, report.first_divergence.name) == ("output", "output"), report.format()
+    assert report.precision_findings and report.exit_status() == 1
+    assert "Precision findings (" in report.format() and "Precision: " in report.verdict()
+
+
+# --- 2. state carried between steps as training carries it --------------------------------------------------------
+
+
+class _TorchConvBN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class _EqxFirstCallBN(eqx.Module):
+    """PyTorch's BatchNorm, written with a first-call flag in its State. ``after_first`` plants the old EMA
+    BatchNorm's behaviour: from its second call on it normalises with the running statistics."""
+
+    weight: jax.Array
+    bias: jax.Array
+    stats: eqx.nn.StateIndex
+    first: eqx.nn.StateIndex
+    after_first: bool = eqx.field(static=True)
+
+    def __init__(self, features, after_first: bool):
+        self.weight, self.bias = jnp.ones((features, 1, 1)), jnp.zeros((features, 1, 1))
+        self.stats = eqx.nn.StateIndex((jnp.zeros(features), jnp.ones(features)))
+        self.first = eqx.nn.StateIndex(jnp.array(True))
+        self.after_first = after_first
+
+    def __call__(self, x, state):  # the whole batch (N, C, H, W)
+        running_mean, running_var = state.get(self.stats)
+        mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+        n = x.size / mean.size
+        new_stats = (0.9 * running_mean + 0.1 * mean, 0.9 * running_var + 0.1 * var * n / (n - 1))
+        if self.after_first:
+            first = state.get(self.first)
+            mean, var = jnp.where(first, mean, running_mean), jnp.where(first, var, running_var)
+        out = (x - mean[:, None, None]) / jnp.sqrt(var[:, None, None] + 1e-5) * self.weight + self.bias
+        return out, state.set(self.stats, new_stats).set(self.first, jnp.array(False))
+
+
+class _EqxConvBN(eqx.Module):
+    conv: eqx.nn.Conv2d
+    bn: _EqxFirstCallBN
+
+    def __init__(self, after_first: bool = False):
+        self.conv = eqx.nn.Conv2d(3, 4, 3, padding=1, use_bias=False, key=KEY)
+        self.bn = _EqxFirstCallBN(4, after_first)
+
+    def __call__(self, x, state, *, key):  # a key required, as models with dropout take one
+        del key
+        x, state = self.bn(jax.vmap(self.conv)(x), state)
+        return jax.nn.relu(x), state
+
+
+def _stateful_spec(after_first: bool) -> testing.Spec:
+    return testing.Spec(
+        _TorchConvBN, jax_model=lambda: eqx.nn.make_with_state(_EqxConvBN)(after_first),
+        example_inputs=lambda: (np.random.default_rng(0).normal(size=(6, 3, 5, 5)).astype(np.float32),),
+        example_targets=lambda: (np.random.default_rng(1).normal(size=(6, 4, 5, 5)).astype(np.float32),),
+        torch_loss=lambda out, x, t: torch.mean((out - t) ** 2), jax_loss=lambda out, x, t: jnp.mean((out - t) ** 2),
+        torch_optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        jax_optimizer=lambda: __import__("optax").sgd(0.1, momentum=0.9))
+
+
+def test_a_batchnorm_that_changes_after_its_first_call_is_named_at_step_2s_forward():
+    report = testing.check_port(_stateful_spec(after_first=True), "float32", steps=3, programs=("jit",))
+    first = report.first_divergence
+    assert first is not None and (first.stage, first.name) == ("step 2: forward", "bn"), report.format()
+    assert all(r.passed for r in report.rows if r.stage.startswith("step 1"))  # its first call is PyTorch's
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_correct_stateful_equinox_port_with_a_required_key_passes_three_steps(dtype):
+    report = testing.check_port(_stateful_spec(after_first=False), dtype, steps=3)
+    assert_agrees(report)
+    assert report.api == "Equinox" and "eqx.nn.State" in report.carried
+    assert "each starts from PyTorch's parameters (teacher forcing) and the port's own state (the eqx.nn.State" \
+        in report.format()
+    assert [r.name for r in report.rows if r.stage == "step 3: buffer"] == ["bn.running_mean", "bn.running_var"]
+
+
+# --- 3. float64 grounded in PyTorch's own float64 error ----------------------------------------------------------
+
+
+class _TorchMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 8)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class _LinenMLP(fnn.Module):
+    mistake: float = 0.0
+
+    @fnn.compact
+    def __call__(self, x):
+        h = fnn.Dense(256)(x)
+        h = h * (1 + self.mistake)  # a planted mistake of ``mistake`` of fc1's scale
+        return fnn.Dense(8)(jnp.tanh(h))
+
+
+def _mlp_spec(mistake: float) -> testing.Spec:
+    return testing.Spec(
+        _TorchMLP, jax_model=lambda: _LinenMLP(mistake),
+        example_inputs=lambda: (np.random.default_rng(0).normal(size=(16, 64)),),
+        example_targets=lambda: (np.random.default_rng(1).normal(size=(16, 8)),),
+        torch_loss=lambda out, x, t: torch.mean((out - t) ** 2), jax_loss=lambda out, x, t: jnp.mean((out - t) ** 2))
+
+
+def test_float64_is_judged_against_pytorchs_own_float64_error_and_names_a_mistake_of_1e_minus_6():
+    report = testing.check_port(_mlp_spec(0.0), "float64", programs=("jit",))
+    assert report.passed, report.format()
+    # PyTorch's own float64 error was measured for every row (other batch orders, layouts, one-ulp moves)...
+    assert all(r.noise is not None for r in report.rows)
+    assert "PyTorch64': PyTorch in float64 with the batch in two other orders" in report.format()
+    # ... and the allowance is k times it (at least 8 ulps), far below the fixed 1e-10 it replaces
+    assert max(r.allowed for r in report.rows) < 1e-12
+    planted = testing.check_port(_mlp_spec(1e-6), "float64", programs=("jit",))
+    # planted between fc1 and fc2: fc1's own output is right, fc2's input is not
+    assert (planted.first_divergence.stage, planted.first_divergence.name) == ("forward", "fc2"), planted.format()
+    assert planted.first_divergence.port_error < 2e-6
+
+
+# --- 5. the summary first ---------------------------------------------------------------------------------------
+
+
+def test_the_report_starts_with_a_summary_per_stage():
+    report = testing.check_port(_stateful_spec(after_first=False), "float64", steps=2, programs=("jit",))
+    lines = report.format().splitlines()
+    assert lines[0].startswith("Summary: agreement (exit status 0); ")
+    stages = [line.split()[0] for line in lines[2:8]]
+    assert stages == ["forward", "output", "loss", "gradient", "update", "buffer"], lines[:10]
+    counts = {line.split()[0]: int(line.split()[1]) for line in lines[2:8]}
+    assert counts == {stage: sum(r.stage.endswith(stage) for r in report.rows)
+                      for stage in ("forward", "output", "loss", "gradient", "update", "buffer")}
+    assert lines.index("Weight transfer (PyTorch → port):") > 8  # the transfer and the table come after
