@@ -8,6 +8,7 @@ cannot use get exit status 2 and a message that names the problem.
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import flax.linen as fnn
@@ -20,10 +21,12 @@ from functional_gan.main import main
 from tests.helpers import assert_agrees, one_torch_layer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "port"
-NAMES = ("mnist_cnn", "resnet_basic", "nanogpt_block")
+NAMES = ("mnist_cnn", "resnet_basic", "nanogpt_block", "nanogpt_scan")
 
 
 def _example(name: str):
+    if str(EXAMPLES) not in sys.path:  # as check-port loads a spec: its neighbours importable (nanogpt_scan's block)
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -251,3 +251,72 @@ def test_the_report_starts_with_a_summary_per_stage():
     assert counts == {stage: sum(r.stage.endswith(stage) for r in report.rows)
                       for stage in ("forward", "output", "loss", "gradient", "update", "buffer")}
     assert lines.index("Weight transfer (PyTorch → port):") > 8  # the transfer and the table come after
+
+
+# --- 4b. layers inside the port's own transformations ------------------------------------------------------------
+
+
+class _TorchMLP4(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3, self.fc4 = (torch.nn.Linear(8, 16), torch.nn.Linear(16, 16),
+                                                  torch.nn.Linear(16, 16), torch.nn.Linear(16, 3))
+
+    def forward(self, x):
+        return self.fc4(torch.relu(self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))))
+
+
+class _EqxInnerVmap(eqx.Module):
+    """Written as Equinox's documentation teaches: a per-sample method, vmapped over the batch inside ``__call__``."""
+
+    fc1: eqx.nn.Linear
+    fc2: eqx.nn.Linear
+    fc3: eqx.nn.Linear
+    fc4: eqx.nn.Linear
+    gelu_after_fc1: bool = eqx.field(static=True)
+
+    def __init__(self, gelu_after_fc1: bool = False):
+        keys = jax.random.split(KEY, 4)
+        self.fc1, self.fc2 = eqx.nn.Linear(8, 16, key=keys[0]), eqx.nn.Linear(16, 16, key=keys[1])
+        self.fc3, self.fc4 = eqx.nn.Linear(16, 16, key=keys[2]), eqx.nn.Linear(16, 3, key=keys[3])
+        self.gelu_after_fc1 = gelu_after_fc1
+
+    def one(self, x):
+        h = self.fc1(x)
+        h = jax.nn.gelu(h) if self.gelu_after_fc1 else jax.nn.relu(h)  # the planted mistake: GELU for ReLU
+        return self.fc4(jax.nn.relu(self.fc3(jax.nn.relu(self.fc2(h)))))
+
+    def __call__(self, x):
+        return jax.vmap(self.one)(x)
+
+
+def _inner_vmap_spec(mistake: bool) -> testing.Spec:
+    return testing.Spec(
+        _TorchMLP4, jax_model=lambda: _EqxInnerVmap(mistake),
+        example_inputs=lambda: (np.random.default_rng(0).normal(size=(5, 8)).astype(np.float32),),
+        example_targets=lambda: (np.random.default_rng(1).normal(size=(5, 3)).astype(np.float32),),
+        torch_loss=lambda out, x, t: torch.mean((out - t) ** 2), jax_loss=lambda out, x, t: jnp.mean((out - t) ** 2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_an_equinox_port_that_vmaps_inside_gets_a_row_per_layer_and_a_mistake_is_named_at_its_layer(dtype):
+    report = testing.check_port(_inner_vmap_spec(False), dtype)
+    assert_agrees(report)
+    for rows in (report.rows, report.other_rows):  # compiled and op by op
+        assert [r.name for r in rows if r.stage == "forward"] == ["fc1", "fc2", "fc3", "fc4"]
+    assert "Per-layer outputs: all 4 paired layers." in report.format()
+    planted = testing.check_port(_inner_vmap_spec(True), dtype)
+    assert (planted.first_divergence.stage, planted.first_divergence.name) == ("forward", "fc2"), planted.format()
+
+
+def test_a_scanned_transformer_stack_pairs_its_stacked_weights_and_gets_a_row_per_layer():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "port" / "nanogpt_scan.py"
+    report = testing.check_port(testing.load_spec(path), "float64", programs=("jit",))
+    assert report.passed, report.format()
+    assert [p.jax_name for p in report.pairings[:2]] == ["params/h/ln_1/scale[0]", "params/h/ln_1/bias[0]"]
+    assert {p.index for p in report.pairings} == {0, 1, 2, 3}  # every tensor a slice of a stacked leaf
+    forward = [r.name for r in report.rows if r.stage == "forward"]
+    assert forward[:6] == ["h.0.ln_1", "h.0.attn.c_attn", "h.0.attn.c_proj", "h.0.ln_2", "h.0.mlp.c_fc",
+                           "h.0.mlp.c_proj"] and len(forward) == 24

@@ -13,10 +13,10 @@ A third difference shows only in float32, as JAX runs without ``jax_enable_x64``
 computes its bias corrections ``1 − βᵗ`` in float32, where β₂ = 0.999 is 0.99900001 and ``1 − β₂``
 loses 1.3e-5 of its value to cancellation, while PyTorch computes them in Python's float64. Every
 float32 AdamW update of ``optax.adamw`` then differs from PyTorch's by about 6.4e-6 of its size,
-≈ 14 times PyTorch's own float32 error, though within JAX's own (the same program in float64 is
-right): ``check-port`` passes it and names it, first at ``update, ln_1.bias``, among the quantities
-where JAX's float32 arithmetic is less accurate than PyTorch's (``FLOAT32_ONLY`` below). The port's
-``adamw`` computes ``1 − βᵗ`` as ``−expm1(t · log β)``, accurate in float32, and has none.
+≈ 14 times PyTorch's own float32 error, though the same program in float64 is right: ``check-port``
+reports it as a precision finding (exit status 3), first at ``update, ln_1.bias``, and names optax's
+bias corrections as its cause (``FLOAT32_ONLY`` below). The port's ``adamw`` computes ``1 − βᵗ`` as
+``−expm1(t · log β)``, accurate in float32, and has none.
 """
 
 import math

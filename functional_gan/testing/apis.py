@@ -36,6 +36,7 @@ import numpy as np
 from functional_gan.errors import UserError
 
 _TAPS: list[dict] = []  # the recorders of the captures under way (innermost last)
+_NESTED: list[dict] = []  # where layer outputs from inside the port's own transformations arrive (innermost last)
 
 
 def tap(name: str, value):
@@ -53,6 +54,56 @@ def _taps(record: dict):
         yield record
     finally:
         _TAPS.pop()
+
+
+@contextlib.contextmanager
+def nested_outputs():
+    """Collects, while a program of the port runs, the outputs of layers the port calls inside a transformation of
+    its own (``jax.vmap``, ``lax.scan``, ``nn.scan``, ...): {module path: [each call's output, in call order]}.
+
+    Such an output is a value of the transformation's trace and cannot be returned from it; it leaves through an
+    ordered ``jax.debug.callback``, whose batching rule calls it once per element of a vmap (in order), and which a
+    scan calls once per iteration. :func:`assemble_nested` puts the pieces back together."""
+    sink: dict = {}
+    _NESTED.append(sink)
+    try:
+        yield sink
+        jax.effects_barrier()
+    finally:
+        _NESTED.remove(sink)
+
+
+def _leave_through_callback(path: tuple[str, ...], value) -> None:
+    # The callback may run on another thread, where JAX's float64 switch (a thread's context) is off and its arguments
+    # would be put on the device as float32: an 8-byte value travels as its bits (uint32 pairs) and is read back here.
+    dtype = np.dtype(value.dtype)
+    wide = dtype.itemsize == 8
+
+    def receive(array, path=path):
+        array = np.asarray(array)
+        if wide:
+            array = np.ascontiguousarray(array).view(dtype).reshape(array.shape[:-1])
+        if _NESTED:
+            _NESTED[-1].setdefault(path, []).append(array)
+
+    jax.debug.callback(receive, jax.lax.bitcast_convert_type(value, np.uint32) if wide else value, ordered=True)
+
+
+def assemble_nested(nested: dict, expected_shapes: dict[tuple[str, ...], tuple]) -> dict[tuple[str, ...], np.ndarray]:
+    """Each nested layer's output as one array: per-sample outputs (a call inside a vmap over the batch gives one
+    array per sample, in order) stacked back into the batch; a layer called once per batch, its first call."""
+    assembled = {}
+    for path, pieces in nested.items():
+        shape = expected_shapes.get(path)
+        if shape is not None and pieces:
+            if np.ndim(pieces[0]) == len(shape) - 1 and len(pieces) >= shape[0]:
+                assembled[path] = np.stack(pieces[: shape[0]])
+            else:
+                assembled[path] = pieces[0]
+        for index, piece in enumerate(pieces):  # a module scanned over layers: call i is layer i ("#i")
+            if (*path, f"#{index}") in expected_shapes:
+                assembled[(*path, f"#{index}")] = piece
+    return assembled
 
 
 def _key_name(key) -> str:
@@ -180,8 +231,9 @@ def _current_trace():
 def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict):
     """While active, the first output of each module's ``__call__`` is recorded by its path (outermost call only).
 
-    A module the port calls inside a transformation of its own (``jax.vmap(self.conv)(x)``) is not recorded: its
-    output lives in that transformation and cannot leave it; the report lists the layers without a row."""
+    A module the port calls inside a transformation of its own (``jax.vmap(self.conv)(x)``, a ``lax.scan`` over
+    layers) has an output that cannot leave that transformation as a value: it leaves through an ordered callback
+    into :func:`nested_outputs` instead, when one is collecting."""
     paths = {id(m): path for path, m in modules.items()}
     active: set[int] = set()
     patched = []
@@ -200,8 +252,11 @@ def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict):
             finally:
                 active.discard(id(self))
             first = out[0] if isinstance(out, tuple) and out else out
-            if hasattr(first, "shape") and _current_trace() is level:
-                record.setdefault(path, first)
+            if hasattr(first, "shape"):
+                if _current_trace() is level:
+                    record.setdefault(path, first)
+                elif _NESTED and path not in record:
+                    _leave_through_callback(path, first)
             return out
 
         try:
@@ -319,10 +374,11 @@ def _linen_adapter(spec, model, inputs, seed) -> Adapter:
         carry = tree.get("carry") if tree.get("carry") is not None else others
         full = {**carry, **{c: v for c, v in tree.items() if v and c != "carry"}}
         mutable = [c for c in full if c != "params"] + ["intermediates"]
-        if spec.jax_apply is not None:
-            output, state = spec.jax_apply(model, full, *inputs, capture_intermediates=capture)
-        else:
-            output, state = model.apply(full, *inputs, capture_intermediates=capture, mutable=mutable)
+        with _linen_nested_calls() if capture else contextlib.nullcontext():
+            if spec.jax_apply is not None:
+                output, state = spec.jax_apply(model, full, *inputs, capture_intermediates=capture)
+            else:
+                output, state = model.apply(full, *inputs, capture_intermediates=capture, mutable=mutable)
         layers = _intermediates(state.get("intermediates", {})) if capture else {}
         new_carry = {c: state.get(c, v) for c, v in carry.items()}
         return output, dict(state.get("batch_stats", {})), layers, new_carry
@@ -331,6 +387,26 @@ def _linen_adapter(spec, model, inputs, seed) -> Adapter:
     return Adapter("Flax Linen", "flax", True, canonical, apply, carry=others,
                    carried=", ".join(f"the {c!r} collection" for c in carried),
                    fast_variance=_linen_fast_variance(model, variables, inputs))
+
+
+@contextlib.contextmanager
+def _linen_nested_calls():
+    """While active, a Linen module called inside a transformation of the port's own (``nn.scan``, ``nn.vmap``,
+    ``nn.remat``), whose output ``capture_intermediates`` does not see, sends it out through a callback."""
+    import flax.linen as nn
+
+    level = _current_trace()
+
+    def interceptor(next_fun, args, kwargs, context):
+        out = next_fun(*args, **kwargs)
+        if context.method_name == "__call__" and _NESTED and _current_trace() is not level:
+            first = out[0] if isinstance(out, tuple) and out else out
+            if hasattr(first, "shape"):
+                _leave_through_callback(tuple(map(str, context.module.path)), first)
+        return out
+
+    with nn.intercept_methods(interceptor):
+        yield
 
 
 def _linen_fast_variance(model, variables, inputs) -> list[str]:

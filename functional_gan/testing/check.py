@@ -93,6 +93,7 @@ class _Run:
     adapter: apis.Adapter
     pairings: list[Pairing]
     layer_paths: dict[str, tuple[str, ...]]
+    layer_shapes: dict  # PyTorch's layer outputs' shapes, by PyTorch name (known after its first step)
     sides: dict  # PyTorch's runs: "ref" (float64), "t32" and permuted float32 runs
     permutations: dict
     shadows: dict  # per program: PyTorch's optimizers fed that program's gradients
@@ -137,16 +138,16 @@ def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, 
     add("loss", "loss", lambda s: s["loss"], ref["loss"], lambda side: side["loss"])
     params = [p for p in run.pairings if p.collection == "params"]
     for p in params:
-        add("gradient", p.torch_key, lambda s, path=p.jax_path: _get(s["grads"], path), ref["grads"][p.torch_key],
+        add("gradient", p.torch_key, lambda s, p=p: p.leaf(s["grads"]), ref["grads"][p.torch_key],
             lambda side, key=p.torch_key: side["grads"][key])
     if fed is not None:  # judged from the same gradients: PyTorch's optimizer fed the port's
         for p in params:
-            add("update", p.torch_key, lambda s, path=p.jax_path: _get(s["params"], path), fed["ref"][p.torch_key], None,
+            add("update", p.torch_key, lambda s, p=p: p.leaf(s["params"]), fed["ref"][p.torch_key], None,
                 noisy=[fed[n][p.torch_key] for n in fed if n not in ("ref", "twin")] or [fed["ref"][p.torch_key]],
                 twin_reference=fed["twin"][p.torch_key] if "twin" in fed else None)
     for p in run.pairings:
         if p.collection == "batch_stats" and _has(jax_seen.get("batch_stats", {}), p.jax_path):
-            add("buffer", p.torch_key, lambda s, path=p.jax_path: _get(s["batch_stats"], path), ref["after"][p.torch_key],
+            add("buffer", p.torch_key, lambda s, p=p: p.leaf(s["batch_stats"]), ref["after"][p.torch_key],
                 lambda side, key=p.torch_key: side["after"][key])
     return rows
 
@@ -186,7 +187,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
         raise SpecError(str(error)) from error
     from_jax = spec.from_jax or (default_from_jax if adapter.channels_last else np.asarray)
     pairings = transfer(reference_model, adapter.variables, spec.param_map, adapter.kinds)
-    layer_paths = {p.torch_key.rsplit(".", 1)[0] if "." in p.torch_key else "": p.jax_path[:-1] for p in pairings}
+    layer_paths = {p.torch_key.rsplit(".", 1)[0] if "." in p.torch_key else "": p.layer for p in pairings}
     # PyTorch's own error in the dtype checked: in float32 the float32 run, and the same twice with the batch's
     # samples in other orders (the reductions over the batch sum in other orders; outputs are put back in order);
     # in float64 the two float64 runs in other orders, and one with its weights and images in other memory layouts
@@ -222,7 +223,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
         if dtype == "float32":
             shadows[noise_program(programs)]["twin"] = _torch_side(spec, torch.float64, state)
     return _Run(spec, dtype, k, inputs, targets, jax_inputs(adapter.channels_last), on_jax(targets), from_jax, adapter,
-                pairings, layer_paths, sides, permutations, shadows)
+                pairings, layer_paths, {}, sides, permutations, shadows)
 
 
 def _torch_dtype(side: str) -> torch.dtype:
@@ -273,7 +274,7 @@ def _torch_steps(run: _Run) -> tuple[dict, dict]:
 def _run_program(run: _Run, function, program: str, before: dict, opt_state, first: bool) -> dict:
     """One step of the port by ``function``; on the first call, a port that raises is a spec the checker cannot use."""
     try:
-        return jax.device_get(function(before, run.jax_inputs, run.jax_targets, opt_state))
+        return _collected(run, lambda: function(before, run.jax_inputs, run.jax_targets, opt_state))
     except Exception as error:
         if not first:
             raise
@@ -297,7 +298,19 @@ def _float64_twin(run: _Run, function, before: dict, opt_state, optimizer) -> di
 
         if optimizer is not None and opt_state is None:
             opt_state = optimizer.init(before["params"])
-        return jax.device_get(function(before, wide(run.jax_inputs), wide(run.jax_targets), wide(opt_state)))
+        return _collected(run, lambda: function(before, wide(run.jax_inputs), wide(run.jax_targets), wide(opt_state)))
+
+
+def _collected(run: _Run, call) -> dict:
+    """A program's outcome fetched from the device, with the outputs of the layers the port runs inside its own
+    transformations (which leave through callbacks while it runs) assembled into its per-layer outputs."""
+    with apis.nested_outputs() as nested:
+        outcome = jax.device_get(call())
+    if nested:
+        expected = {path: run.layer_shapes[name] for name, path in run.layer_paths.items() if name in run.layer_shapes}
+        found = apis.assemble_nested(nested, expected)
+        outcome["layers"] = {**found, **outcome["layers"]}
+    return outcome
 
 
 def _start_of_step(run: _Run, width, own: dict | None) -> dict:
@@ -371,7 +384,15 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
             if twin_program:  # the float64 twin starts where its program starts (taken before PyTorch's step)
                 with jax.enable_x64(True):
                     before64 = _start_of_step(run, jnp.float64, own_state[twin_program])
-            seen, params_state = _torch_steps(run)
+            try:
+                seen, params_state = _torch_steps(run)
+            except Exception as error:
+                if step > 1:
+                    raise
+                message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                raise SpecError(f"the spec's PyTorch step (torch_model() on example_inputs(), torch_loss, "
+                                f"torch_optimizer) failed: {type(error).__name__}: {message}") from error
+            run.layer_shapes.update({name: np.shape(value) for name, value in seen["ref"]["layers"].items()})
             outcomes = {}
             for program in order:
                 if program not in opt_states:

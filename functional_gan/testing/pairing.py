@@ -4,6 +4,7 @@ layouts (a Linear's weight transposed, a convolution's kernel channels-last, a t
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -78,10 +79,24 @@ class Pairing:
     transform: str  # one of TRANSFORMS
     torch_shape: tuple = ()
     jax_shape: tuple = ()
+    # a leaf stacked over layers (a scan over layers: Linen's nn.scan, nnx.scan, a vmapped init): this tensor is the
+    # leaf's slice ``index`` along its first axis, and ``jax_shape`` that slice's shape
+    index: int | None = None
 
     @property
     def jax_name(self) -> str:
-        return f"{self.collection}/{'/'.join(self.jax_path)}"
+        return f"{self.collection}/{'/'.join(self.jax_path)}" + (f"[{self.index}]" if self.index is not None else "")
+
+    @property
+    def layer(self) -> tuple[str, ...]:
+        """The port's layer this tensor belongs to, as its per-layer outputs are keyed (a stacked layer: its
+        module's path and ``#index``)."""
+        return (*self.jax_path[:-1], *((f"#{self.index}",) if self.index is not None else ()))
+
+    def leaf(self, tree):
+        """This tensor's value in a tree of the port's arrays (a stacked leaf's slice)."""
+        value = _get(tree, self.jax_path)
+        return value if self.index is None else value[self.index]
 
     def to_jax(self, value: np.ndarray) -> np.ndarray:
         return to_flax_layout(value, self.transform, self.jax_shape)
@@ -172,14 +187,32 @@ def transfer(model: torch.nn.Module, variables: dict, param_map: dict[str, str] 
     pairings = []
     mapped = {tuple(p.split("/")) for p in (param_map or {}).values()}
     position = 0
-    for name, module, tensors in _torch_modules(model):
+    torch_modules = _torch_modules(model)
+    lists = _list_lengths([name for name, _, _ in torch_modules])
+    stacked: dict[tuple[str, ...], set[int]] = {}  # a stacked module of the port → the layers of it paired so far
+    for name, module, tensors in torch_modules:
+        element = _LIST_ELEMENT.fullmatch(name)
+        if element and not (param_map and name in param_map):  # layer i of a PyTorch ModuleList/Sequential
+            length, index = lists[element.group(1)], int(element.group(2))
+            candidates = [q for q in order if q not in mapped and index not in stacked.get(q, set()) and
+                          (q not in used or q in stacked) and
+                          _stacked_fits(module, tensors, by_path[q], stats.get(q, {}), length)]
+            if candidates:  # the port holds this list as one module stacked over layers: the same name first
+                last = name.rsplit(".", 1)[-1]
+                path = next((q for q in candidates if q[-1] == last), candidates[0])
+                stacked.setdefault(path, set()).add(index)
+                used.add(path)
+                pairings.extend(_pair_module(name, module, tensors, path, _sliced(by_path[path]),
+                                             _sliced(stats.get(path, {})), (kinds or {}).get(path, ""), index))
+                continue
         if param_map and name in param_map:
             path = tuple(param_map[name].split("/"))
             if path not in by_path:
                 raise SpecError(f"param_map sends {name!r} to {param_map[name]!r}, which the port does not have; "
                                 f"its modules: {', '.join('/'.join(p) for p in order)}")
         else:
-            while position < len(order) and (order[position] in used or order[position] in mapped):
+            while position < len(order) and (order[position] in used or order[position] in mapped or
+                                             order[position] in stacked):
                 position += 1
             if position == len(order):
                 raise SpecError(f"PyTorch's {_describe(name, module, tensors)} has no counterpart in the port: every "
@@ -190,11 +223,50 @@ def transfer(model: torch.nn.Module, variables: dict, param_map: dict[str, str] 
         used.add(path)
         pairings.extend(_pair_module(name, module, tensors, path, by_path[path], stats.get(path, {}),
                                      (kinds or {}).get(path, "")))
+    partly = [f"{'/'.join(q)} ({len(layers)} of {_leading(by_path[q])} layers)" for q, layers in stacked.items()
+              if len(layers) != _leading(by_path[q])]
+    if partly:
+        raise SpecError(f"the port's stacked module(s) {', '.join(partly)} received PyTorch weights for only some of "
+                        "their layers; the PyTorch list has another length, or pairs elsewhere: name it in param_map")
     left = [p for p in order if p not in used]
     if left:
         raise SpecError(f"the port's module(s) {', '.join('/'.join(p) for p in left)} received no PyTorch weights; "
                         "pair them with param_map = {'torch.module.name': 'port/path'}")
     return pairings
+
+
+_LIST_ELEMENT = re.compile(r"(.+)\.(\d+)\.(.+)")  # "h.3.attn.c_attn": the list "h", its layer 3, the module in it
+
+
+def _list_lengths(names: list[str]) -> dict[str, int]:
+    """{PyTorch list's name: its number of layers}, read off module names of the form ``list.i.rest``."""
+    lengths: dict[str, int] = {}
+    for name in names:
+        element = _LIST_ELEMENT.fullmatch(name)
+        if element:
+            lengths[element.group(1)] = max(lengths.get(element.group(1), 0), int(element.group(2)) + 1)
+    return lengths
+
+
+def _leading(leaves: dict) -> int | None:
+    dims = {np.shape(v)[0] for v in leaves.values() if np.ndim(v) > 0}
+    return dims.pop() if len(dims) == 1 else None
+
+
+def _sliced(leaves: dict) -> dict:
+    """A stacked module's leaves as one layer's: each one's slice 0 (for shapes and names)."""
+    return {k: np.zeros(np.shape(v)[1:]) for k, v in leaves.items()}
+
+
+def _stacked_fits(module, tensors: dict, leaves: dict, stats: dict, length: int) -> bool:
+    """True when the port's module holds every tensor of ``module`` stacked ``length`` times along a first axis."""
+    if not leaves or _leading(leaves) != length or (stats and _leading(stats) != length):
+        return False
+    try:
+        _pair_module("", module, tensors, (), _sliced(leaves), _sliced(stats))
+    except (SpecError, ValueError, IndexError):  # a layout that does not fit these leaves
+        return False
+    return True
 
 
 def _by_name(key: str, tensor, target: dict, kind: str) -> tuple[str, tuple | None]:
@@ -208,7 +280,7 @@ def _by_name(key: str, tensor, target: dict, kind: str) -> tuple[str, tuple | No
     return "=", expected
 
 
-def _pair_module(name, module, tensors, path, leaves, stats, kind: str = "") -> list[Pairing]:
+def _pair_module(name, module, tensors, path, leaves, stats, kind: str = "", index: int | None = None) -> list[Pairing]:
     rules = _rules(module) or _rules_by_flax_names(tensors, leaves)
     identity = set(tensors) <= set(leaves) | set(stats)  # a module with PyTorch's own names (Equinox, this project's layers)
     result = []
@@ -236,7 +308,7 @@ def _pair_module(name, module, tensors, path, leaves, stats, kind: str = "") -> 
             raise SpecError(f"{full} has shape {tuple(tensor.shape)} ({moved} in the port's layout, transform {transform}), "
                             f"but the port's {collection}/{'/'.join(path)}/{leaf_name} has shape {expected}; the models "
                             "are defined in a different order or with other sizes? name it in param_map")
-        result.append(Pairing(full, collection, (*path, leaf_name), transform, tuple(tensor.shape), expected))
+        result.append(Pairing(full, collection, (*path, leaf_name), transform, tuple(tensor.shape), expected, index))
     return result
 
 
@@ -258,9 +330,18 @@ def _get(tree, path):
 def variables_from_torch(model: torch.nn.Module, pairings: list[Pairing], variables: dict, dtype) -> dict:
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     out = {k: dict(v) for k, v in variables.items()}
+    stacked: dict[tuple, np.ndarray] = {}  # a stacked leaf's layers, gathered before it is set once
     for p in pairings:
         value = p.to_jax(tensors[p.torch_key].detach().cpu().numpy().copy())  # not a view: the step changes it
-        out[p.collection] = _set(out[p.collection], p.jax_path, jnp.asarray(value, dtype))
+        if p.index is None:
+            out[p.collection] = _set(out[p.collection], p.jax_path, jnp.asarray(value, dtype))
+            continue
+        key = (p.collection, p.jax_path)
+        if key not in stacked:
+            stacked[key] = np.array(_get(out[p.collection], p.jax_path), np.float64)
+        stacked[key][p.index] = value
+    for (collection, path), value in stacked.items():
+        out[collection] = _set(out[collection], path, jnp.asarray(value, dtype))
     return out
 
 

@@ -161,7 +161,8 @@ class Report:
             worst = max(rows, key=_badness)
             lines.append(f"  {stage:<9} {len(rows):>5}  {_measure(worst):>9}  {worst.stage}, {worst.name}"
                          f"{'' if worst.passed else (' ≈ precision' if worst.precision else ' ✗')}")
-        lines.append("  (worst: the error over PyTorch's own in the same dtype, × ; or over the allowance, of)")
+        lines.append("  (worst: the port's error ÷ PyTorch's own error in this dtype, \"×\"; where that was not measured, "
+                     "÷ the allowance, \"of\")")
         diverged = [r for r in self.rows + [r for r in self.other_rows if r.diverged] if r.diverged]
         for title, found in (("Divergences", diverged), ("Precision findings", self.precision_findings)):
             if found:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .pairing import Pairing, _get, torch_in_flax_layout
+from .pairing import Pairing, torch_in_flax_layout
 from .spec import Spec
 
 
@@ -98,7 +98,7 @@ def step_with_gradients(model: torch.nn.Module, optimizer, gradients: dict[str, 
 
 def _fed_update(model, optimizer, start: dict, pairings: list[Pairing], jax_grads) -> dict[str, np.ndarray]:
     """PyTorch's optimizer step from ``start`` with the port's gradients; the parameters after it in the port's layout."""
-    gradients = {p.torch_key: p.to_torch(np.asarray(_get(jax_grads, p.jax_path), np.float64))
+    gradients = {p.torch_key: p.to_torch(np.asarray(p.leaf(jax_grads), np.float64))
                  for p in pairings if p.collection == "params"}
     step_with_gradients(model, optimizer, gradients, start)
     return torch_in_flax_layout(model, pairings)
