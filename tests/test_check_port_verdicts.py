@@ -320,3 +320,29 @@ def test_a_scanned_transformer_stack_pairs_its_stacked_weights_and_gets_a_row_pe
     forward = [r.name for r in report.rows if r.stage == "forward"]
     assert forward[:6] == ["h.0.ln_1", "h.0.attn.c_attn", "h.0.attn.c_proj", "h.0.ln_2", "h.0.mlp.c_fc",
                            "h.0.mlp.c_proj"] and len(forward) == 24
+
+
+# --- 3 at depth: ResNet-152's layout ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_correct_150_layer_port_passes_float64_with_margin_and_a_mistake_of_1e_minus_6_is_named():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "examples" / "port"
+    sys.path.insert(0, str(folder))  # the spec imports resnet_basic.py, as check-port lets it
+    loader = importlib.util.spec_from_file_location("resnet_bottleneck_spec", folder / "resnet_bottleneck.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    report = testing.check_port(testing.spec_from_module(module), "float64", programs=("jit",))
+    # 155 convolutions (the stem, 150 in 50 Bottlenecks, 4 downsampling), 155 BatchNorms, the classifier
+    assert report.passed and report.layers == 311, report.format()[:3000]
+    assert max(r.ratio for r in report.rows) < 2, report.format()[:3000]  # a third of the allowance to spare, at least
+    # PyTorch's own float64 error grows with depth, and the allowance with it (no fixed tolerance to outgrow)
+    assert max(r.port_error for r in report.rows) > 100 * np.finfo(np.float64).eps
+    module.MISTAKE = "1e-6-in-layer3.20"
+    planted = testing.check_port(testing.spec_from_module(module), "float64", programs=("jit",))
+    first = planted.first_divergence
+    assert (first.stage, first.name) == module.MISTAKES[module.MISTAKE], planted.format()[:3000]

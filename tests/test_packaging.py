@@ -235,6 +235,7 @@ def test_the_installed_wheel_starts_every_command_and_trains_without_torch(wheel
     assert out.returncode == 2 and "torch" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
 
 
+@pytest.mark.slow  # the module-list test and the torch-free commands above stay in the default suite
 def test_the_installed_wheel_with_torch_runs_compare_and_check_port(wheel, tmp_path):
     bin_dir = _fresh_environment(tmp_path / "venv", wheel, torch=True)
     work = tmp_path / "work"
