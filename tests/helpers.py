@@ -133,12 +133,11 @@ def one_torch_layer(make_layer):
 
 
 def assert_agrees(report) -> None:
-    """A check-port report of a correct port: no divergence; and no precision finding, except on jaxlib 0.10.2 under
-    its miscompile's workaround, whose less accurate float32 reductions the report must then name as the cause
-    (measured on the port's own layers; a port of BatchNorm gets a few such rows there, none on jax 0.12)."""
-    from functional_gan import xla_guard
-
+    """A check-port report of a correct port: no divergence; and no precision finding, except those XLA:CPU's float32
+    reductions explain, which the report must then name as the cause, measured on the port's own layers (XLA sums
+    float32 less accurately than PyTorch's cascade: 3.2× PyTorch's error on a sum of 200 values near 40, on jax
+    0.10.2 and 0.12 alike; a port with BatchNorm gets a few such rows)."""
     assert report.first_divergence is None, report.format()
     if report.precision_findings:
-        assert jax.default_backend() == "cpu" and xla_guard.needs_workaround() and xla_guard.flag_in_effect(), report.format()
-        assert any("XLA:CPU's float32 reductions under the workaround" in cause for cause in report.causes), report.format()
+        assert jax.default_backend() == "cpu", report.format()
+        assert any(cause.startswith("XLA:CPU's float32 reductions") for cause in report.causes), report.format()

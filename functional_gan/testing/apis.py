@@ -61,9 +61,9 @@ def nested_outputs():
     """Collects, while a program of the port runs, the outputs of layers the port calls inside a transformation of
     its own (``jax.vmap``, ``lax.scan``, ``nn.scan``, ...): {module path: [each call's output, in call order]}.
 
-    Such an output is a value of the transformation's trace and cannot be returned from it; it leaves through an
-    ordered ``jax.debug.callback``, whose batching rule calls it once per element of a vmap (in order), and which a
-    scan calls once per iteration. :func:`assemble_nested` puts the pieces back together."""
+    Such an output is a value of the transformation's trace and cannot be returned from it; it leaves through a
+    callback (:func:`_leave_through_callback`) called once per element of a vmap, in order, and once per iteration
+    of a scan. :func:`assemble_nested` puts the pieces back together."""
     sink: dict = {}
     _NESTED.append(sink)
     try:
@@ -73,20 +73,34 @@ def nested_outputs():
         _NESTED.remove(sink)
 
 
-def _leave_through_callback(path: tuple[str, ...], value) -> None:
-    # The callback may run on another thread, where JAX's float64 switch (a thread's context) is off and its arguments
-    # would be put on the device as float32: an 8-byte value travels as its bits (uint32 pairs) and is read back here.
+def _leave_through_callback(path: tuple[str, ...], value):
+    """``value``, seen by the host on its way: the layer's output is handed to a callback that records it and gives
+    it back unchanged, and the port computes on with what came back. The data dependency keeps the callback where
+    the output is used (a scan's iterations, one after the other; a vmap's elements in order, ``sequential``) and lets
+    a trace that does not use it drop it (Flax's nn.scan traces its body once for what it broadcasts). The callback
+    may run on another thread, where JAX's float64 switch (a thread's context) is off: an 8-byte value travels as its
+    bits (uint32 pairs)."""
     dtype = np.dtype(value.dtype)
     wide = dtype.itemsize == 8
+    carried = jax.lax.bitcast_convert_type(value, np.uint32) if wide else value
 
     def receive(array, path=path):
         array = np.asarray(array)
-        if wide:
-            array = np.ascontiguousarray(array).view(dtype).reshape(array.shape[:-1])
         if _NESTED:
-            _NESTED[-1].setdefault(path, []).append(array)
+            _NESTED[-1].setdefault(path, []).append(
+                np.ascontiguousarray(array).view(dtype).reshape(array.shape[:-1]) if wide else array.copy())
+        return array
 
-    jax.debug.callback(receive, jax.lax.bitcast_convert_type(value, np.uint32) if wide else value, ordered=True)
+    back = jax.pure_callback(receive, jax.ShapeDtypeStruct(carried.shape, carried.dtype), carried,
+                             vmap_method="sequential")
+    return jax.lax.bitcast_convert_type(back, dtype) if wide else back
+
+
+def _with_first(out, first):
+    """``out`` with its first element (or itself) replaced by ``first``."""
+    if isinstance(out, tuple) and out:
+        return (first, *out[1:])
+    return first
 
 
 def assemble_nested(nested: dict, expected_shapes: dict[tuple[str, ...], tuple]) -> dict[tuple[str, ...], np.ndarray]:
@@ -256,7 +270,7 @@ def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict):
                 if _current_trace() is level:
                     record.setdefault(path, first)
                 elif _NESTED and path not in record:
-                    _leave_through_callback(path, first)
+                    out = _with_first(out, _leave_through_callback(path, first))
             return out
 
         try:
@@ -374,11 +388,17 @@ def _linen_adapter(spec, model, inputs, seed) -> Adapter:
         carry = tree.get("carry") if tree.get("carry") is not None else others
         full = {**carry, **{c: v for c, v in tree.items() if v and c != "carry"}}
         mutable = [c for c in full if c != "params"] + ["intermediates"]
+        level = _current_trace()
+
+        def outermost(module, method_name):  # inside nn.scan a sown value would depend on the scan's body
+            return method_name == "__call__" and _current_trace() is level
+
+        captured = outermost if capture else False
         with _linen_nested_calls() if capture else contextlib.nullcontext():
             if spec.jax_apply is not None:
-                output, state = spec.jax_apply(model, full, *inputs, capture_intermediates=capture)
+                output, state = spec.jax_apply(model, full, *inputs, capture_intermediates=captured)
             else:
-                output, state = model.apply(full, *inputs, capture_intermediates=capture, mutable=mutable)
+                output, state = model.apply(full, *inputs, capture_intermediates=captured, mutable=mutable)
         layers = _intermediates(state.get("intermediates", {})) if capture else {}
         new_carry = {c: state.get(c, v) for c, v in carry.items()}
         return output, dict(state.get("batch_stats", {})), layers, new_carry
@@ -402,7 +422,7 @@ def _linen_nested_calls():
         if context.method_name == "__call__" and _NESTED and _current_trace() is not level:
             first = out[0] if isinstance(out, tuple) and out else out
             if hasattr(first, "shape"):
-                _leave_through_callback(tuple(map(str, context.module.path)), first)
+                out = _with_first(out, _leave_through_callback(tuple(map(str, context.module.path)), first))
         return out
 
     with nn.intercept_methods(interceptor):

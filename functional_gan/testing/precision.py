@@ -10,8 +10,9 @@ each read off the port or measured, never assumed:
   subtracts the mean first;
 * optax's Adam-family bias corrections ``1 − βᵗ``, computed in float32 (PyTorch computes them in Python's float64),
   where the first finding is an update and the optimizer state holds Adam's moments;
-* XLA:CPU's float32 reductions under the jaxlib 0.10.2 workaround, measured on the port's own layer outputs (a sum
-  over every axis but the channels, as a normalisation takes it) against PyTorch's float32 sum of the same values;
+* XLA:CPU's float32 reductions (less accurate still under the jaxlib 0.10.2 workaround), measured on the port's own
+  layer outputs (a sum over every axis but the channels, as a normalisation takes it) against PyTorch's float32 sum
+  of the same values;
 * on a GPU or TPU, a matrix product or convolution of the port's whose ``precision`` or dtype the port fixes below
   full float32 (check-port asks for ``'highest'`` by default; an explicit setting in the port wins), read off the
   step's jaxpr.
@@ -101,14 +102,17 @@ def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, laye
             "optax computes Adam's bias corrections 1 − βᵗ in float32 (β₂ = 0.999 is 0.99900001 there, and 1 − β₂ loses "
             "1.3e-5 of its value), PyTorch in Python's float64: every float32 update differs by about 6e-6 of its size. "
             "An optimizer that computes 1 − βᵗ as −expm1(t·log β) has no such rows (examples/port/nanogpt_block.py).")
-    if dtype == "float32" and jax.default_backend() == "cpu" and xla_guard.needs_workaround() and xla_guard.flag_in_effect():
+    if dtype == "float32" and jax.default_backend() == "cpu":
         measured = xla_reduction_ratio(layers, channels_last)
         if measured is not None and measured[0] > 1.5:
+            under = ""
+            if xla_guard.needs_workaround() and xla_guard.flag_in_effect():
+                under = (f" under the workaround for jaxlib {xla_guard.installed_jaxlib()}'s miscompile "
+                         "(--xla_cpu_experimental_ynn_fusion_type=-reduce)")
             causes.append(
-                f"XLA:CPU's float32 reductions under the workaround for jaxlib {xla_guard.installed_jaxlib()}'s miscompile "
-                f"(--xla_cpu_experimental_ynn_fusion_type=-reduce): on this port's layer outputs, a sum over every axis but "
-                f"the channels errs {measured[0]:.1f}× PyTorch's float32 sum of the same values (worst at "
-                f"{measured[1]}). jax ≥ 0.12 (Python ≥ 3.12) needs no workaround.")
+                f"XLA:CPU's float32 reductions{under}: on this port's layer outputs, a sum over every axis but the "
+                f"channels errs {measured[0]:.1f}× PyTorch's float32 sum of the same values (worst at {measured[1]}); "
+                "PyTorch's CPU kernels sum in a cascade.")
     if jax.default_backend() != "cpu" and step_jaxpr is not None:
         low = _low_precision_products(step_jaxpr)
         if low:
