@@ -24,7 +24,7 @@ from flax import nnx
 from functional_gan import testing as port
 from functional_gan.testing import tap
 from functional_gan.main import main
-from tests.helpers import one_torch_layer
+from tests.helpers import assert_agrees, one_torch_layer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "port"
 PORTS = {"mnist_cnn_nnx": "Flax NNX", "mnist_cnn_equinox": "Equinox"}
@@ -405,7 +405,7 @@ def test_assert_port_returns_the_report_or_raises_with_the_first_divergence():
 @pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow), "float64"])
 def test_torchvisions_resnet18_agrees_with_its_nnx_port_layer_by_layer(dtype):
     report = port.check_port(port.spec_from_module(_example("resnet18_nnx")), dtype, programs=("jit",))
-    assert report.passed, report.format()
+    assert_agrees(report)  # float32 on jaxlib 0.10.2 with its workaround: 1 finding (a gradient at 3.4×), XLA's sums
     assert len(report.pairings) == 20 + 20 * 4 + 2  # 20 convolutions, 20 BatchNorms (weight, bias, running statistics), fc
     assert report.layers == 41 and not report.uncaptured  # every paired layer has a row
     assert {r.name for r in report.rows if r.stage == "buffer"} >= {"bn1.running_mean", "layer4.1.bn2.running_var"}

