@@ -347,3 +347,21 @@ def test_a_correct_150_layer_port_passes_float64_with_margin_and_a_mistake_of_1e
     planted = testing.check_port(testing.spec_from_module(module), "float64", programs=("jit",))
     first = planted.first_divergence
     assert (first.stage, first.name) == module.MISTAKES[module.MISTAKE], planted.format()[:3000]
+
+
+def test_products_a_port_runs_below_full_float32_are_counted_from_its_jaxpr():
+    # On a GPU or TPU these are a likely cause of precision findings (check-port asks for 'highest' by default, an
+    # explicit setting in the port wins); the count is read off the step's jaxpr, here built on the CPU.
+    from functional_gan.testing.precision import low_precision_products
+
+    a = jnp.ones((4, 4))
+
+    def port(x):
+        full = jnp.dot(x, a)  # no explicit precision: the configured default
+        default = jnp.dot(x, a, precision=jax.lax.Precision.DEFAULT)
+        half = jnp.dot(x.astype(jnp.bfloat16), a.astype(jnp.bfloat16))
+        highest = jnp.dot(x, a, precision=jax.lax.Precision.HIGHEST)
+        scanned = jax.lax.scan(lambda c, _: (jnp.dot(c, a, precision="high"), None), x, None, length=2)[0]
+        return full + default + half + highest + scanned
+
+    assert low_precision_products(jax.make_jaxpr(port)(a).jaxpr) == 3  # DEFAULT, bfloat16, HIGH inside the scan

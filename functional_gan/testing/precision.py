@@ -68,19 +68,31 @@ def xla_reduction_ratio(layers: dict[str, np.ndarray], channels_last: bool) -> t
     return worst
 
 
-def _low_precision_products(jaxpr) -> int:
-    """How many matrix products and convolutions of a step's jaxpr run below full float32 by the port's own choice."""
+def _sub_jaxprs(params: dict):
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if hasattr(item, "eqns"):
+                yield item
+            elif hasattr(getattr(item, "jaxpr", None), "eqns"):  # a ClosedJaxpr (scan, cond, pjit, custom rules)
+                yield item.jaxpr
+
+
+def low_precision_products(jaxpr) -> int:
+    """How many matrix products and convolutions of a jaxpr (and the jaxprs inside it) the port itself runs below full
+    float32: an explicit ``precision`` other than HIGHEST (a config default is applied later and is not seen here), an
+    algorithm with bf16 or tf32 in its name, or bfloat16/float16 operands."""
     count = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
             precision = eqn.params.get("precision")
-            values = precision if isinstance(precision, tuple) else (precision,)
-            explicit = [p for p in values if p is not None]
-            low_type = any(np.dtype(v.aval.dtype) in (jnp.bfloat16, jnp.float16) for v in eqn.invars if hasattr(v, "aval"))
-            if low_type or any(str(p).upper().endswith(("DEFAULT", "HIGH", "BF16_BF16_F32", "TF32_TF32_F32")) for p in explicit):
-                count += 1
-        for sub in jax.core.jaxprs_in_params(eqn.params) if hasattr(jax.core, "jaxprs_in_params") else ():
-            count += _low_precision_products(sub)
+            values = [p for p in (precision if isinstance(precision, tuple) else (precision,)) if p is not None]
+            low_type = any(np.dtype(v.aval.dtype) in (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+                           for v in eqn.invars if hasattr(v, "aval"))
+            low_precision = any(p != jax.lax.Precision.HIGHEST and
+                                (p in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH)
+                                 or any(t in str(p).upper() for t in ("BF16", "TF32"))) for p in values)
+            count += bool(low_type or low_precision)
+        count += sum(low_precision_products(sub) for sub in _sub_jaxprs(eqn.params))
     return count
 
 
@@ -114,7 +126,7 @@ def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, laye
                 f"channels errs {measured[0]:.1f}× PyTorch's float32 sum of the same values (worst at {measured[1]}); "
                 "PyTorch's CPU kernels sum in a cascade.")
     if jax.default_backend() != "cpu" and step_jaxpr is not None:
-        low = _low_precision_products(step_jaxpr)
+        low = low_precision_products(step_jaxpr)
         if low:
             causes.append(f"{low} matrix products or convolutions of the port run below full float32 on "
                           f"{jax.default_backend()} (a precision= or a bfloat16/float16 dtype set in the port; check-port "
