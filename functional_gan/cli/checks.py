@@ -126,12 +126,13 @@ def run_check_port(args) -> int:
         if target:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
     report = port.check_port(port.load_spec(args.spec), args.dtype, args.steps, args.k, programs=programs)
+    report.allow_precision = args.allow_precision
     print(report.format())
     for flag, text in ((args.json, lambda: json.dumps(report.to_json(), indent=1, default=float) + "\n"),
                        (args.markdown, lambda: report.format(markdown=True))):
         if flag:
             Path(flag).write_text(text())
-    return report.exit_status(args.allow_precision)
+    return report.exit_status()
 
 
 def add_compare(subparsers) -> None:

@@ -120,6 +120,11 @@ def assemble_nested(nested: dict, expected_shapes: dict[tuple[str, ...], tuple])
     return assembled
 
 
+def _is_array(value) -> bool:
+    """An array (JAX's, NumPy's, a tracer), not a module that happens to have a ``shape`` (``eqx.nn.LayerNorm``)."""
+    return isinstance(value, (jax.Array, np.ndarray, np.generic))
+
+
 def _key_name(key) -> str:
     for attribute in ("key", "name", "idx"):
         if hasattr(key, attribute):
@@ -171,7 +176,7 @@ def _refill(treedef, template: list, slots: dict[tuple[str, ...], tuple], values
 def _definition_order(node, prefix: tuple[str, ...] = (), seen: set | None = None) -> list[tuple[str, ...]]:
     """Every path below ``node`` in the order its attributes, fields, keys and items were defined."""
     seen = set() if seen is None else seen
-    if id(node) in seen or isinstance(node, (str, bytes, int, float, bool, type(None))) or hasattr(node, "shape"):
+    if id(node) in seen or isinstance(node, (str, bytes, int, float, bool, type(None))) or _is_array(node):
         return [prefix]
     seen.add(id(node))
     if isinstance(node, dict):
@@ -224,7 +229,7 @@ def _modules_by_path(root, is_module: Callable[[Any], bool]) -> dict[tuple[str, 
         else:
             return
         for key, value in items:
-            if not hasattr(value, "shape"):
+            if not _is_array(value):
                 walk(value, (*prefix, str(key)))
 
     walk(root, ())
@@ -303,6 +308,7 @@ class Adapter:
     carry: Any = None  # the port's own state that no PyTorch tensor pairs with, as the port starts (a pytree or None)
     carried: str = ""  # what state a step hands to the next, in words, for the report
     fast_variance: list[str] = dataclasses.field(default_factory=list)  # norm layers with use_fast_variance=True
+    classes: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)  # module path → module.Class
 
 
 def _is_linen(model) -> bool:
@@ -404,9 +410,9 @@ def _linen_adapter(spec, model, inputs, seed) -> Adapter:
         return output, dict(state.get("batch_stats", {})), layers, new_carry
 
     carried = ["batch_stats"] * bool(canonical["batch_stats"]) + sorted(others)
+    fast, classes = _linen_modules(model, variables, inputs)
     return Adapter("Flax Linen", "flax", True, canonical, apply, carry=others,
-                   carried=", ".join(f"the {c!r} collection" for c in carried),
-                   fast_variance=_linen_fast_variance(model, variables, inputs))
+                   carried=", ".join(f"the {c!r} collection" for c in carried), fast_variance=fast, classes=classes)
 
 
 @contextlib.contextmanager
@@ -429,23 +435,29 @@ def _linen_nested_calls():
         yield
 
 
-def _linen_fast_variance(model, variables, inputs) -> list[str]:
-    """The paths of the Linen norm layers that compute the variance as E[x²] − E[x]² (``use_fast_variance=True``),
-    read off the modules while the model is traced once (no arithmetic)."""
+def _class_name(module) -> str:
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+def _linen_modules(model, variables, inputs) -> tuple[list[str], dict[tuple[str, ...], str]]:
+    """Read off the Linen modules while the model is traced once (no arithmetic): the paths of the norm layers that
+    compute the variance as E[x²] − E[x]² (``use_fast_variance=True``), and each module's class."""
     found: list[str] = []
+    classes: dict[tuple[str, ...], str] = {}
 
     def spy(module, method_name):
-        if method_name == "__call__" and getattr(module, "use_fast_variance", False) is True:
-            path = "/".join(map(str, getattr(module, "path", ()) or module.scope.path))
-            if path not in found:
-                found.append(path)
+        if method_name == "__call__":
+            path = tuple(map(str, getattr(module, "path", ()) or module.scope.path))
+            classes.setdefault(path, _class_name(module))
+            if getattr(module, "use_fast_variance", False) is True and "/".join(path) not in found:
+                found.append("/".join(path))
         return False
 
     try:
         jax.eval_shape(lambda v, *x: model.apply(v, *x, capture_intermediates=spy, mutable=True), variables, *inputs)
     except Exception:  # a model that needs its own jax_apply: nothing read, nothing claimed
-        return []
-    return found
+        return [], {}
+    return found, classes
 
 
 # --- Flax NNX -----------------------------------------------------------------------------------------
@@ -489,7 +501,8 @@ def _nnx_adapter(spec, model) -> Adapter:
     kinds_carried = sorted({type(flat[key][1]).__name__ for key in other})
     carried = ", ".join(["nnx.BatchStat"] * bool(canonical["batch_stats"]) + [f"nnx.{k}" for k in kinds_carried])
     fast = ["/".join(path) for path, m in modules.items() if getattr(m, "use_fast_variance", False) is True]
-    return Adapter("Flax NNX", "flax", True, canonical, apply, kinds, carry=other, carried=carried, fast_variance=fast)
+    return Adapter("Flax NNX", "flax", True, canonical, apply, kinds, carry=other, carried=carried, fast_variance=fast,
+                   classes={path: _class_name(m) for path, m in modules.items()})
 
 
 # --- Equinox ------------------------------------------------------------------------------------------
@@ -571,7 +584,7 @@ def _equinox_adapter(spec, made) -> Adapter:
         stats = {path: _state_value(new_state, *where) for path, where in stateful.items()} if new_state is not None else {}
         return out, _nested(stats), layers, new_state
 
-    carried = "the eqx.nn.State (every StateIndex: running statistics, counters and flags)" if state is not None else ""
+    carried = "the eqx.nn.State: every StateIndex, running statistics, counters and flags" if state is not None else ""
     return Adapter("Equinox", "torch", False, canonical, apply, kinds, carry=state, carried=carried)
 
 

@@ -55,7 +55,9 @@ def _check_dtypes(seen: dict, dtype: str, run) -> None:
         if got is not None:
             raise PortDtypeError(
                 f"the port computes in {got}, not {dtype} as asked: {where} gives {got} from {dtype} inputs and "
-                f"parameters (a dtype fixed inside the port, e.g. Flax's dtype='{got}', or a cast). It cannot be checked "
-                f"in {dtype} as it is: check it with --dtype {got}, or build it to compute in {dtype}")
+                f"parameters (a dtype fixed inside the port: Flax's dtype='{got}', a cast, or an NNX layer built with "
+                f"param_dtype={got}, the default, which nnx.Embed also takes as the dtype it computes in). It cannot be "
+                f"checked in {dtype} as it is: check it with --dtype {got}, or build it to compute in {dtype} (for NNX, "
+                f"param_dtype=jnp.zeros(()).dtype in jax_model(), which is {dtype} under the check)")
 
 

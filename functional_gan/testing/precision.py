@@ -102,19 +102,22 @@ def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, laye
     if not findings:
         return []
     causes = []
-    if fast_variance:
+    # Where the findings are: an optimizer's arithmetic shows in the updates alone; a normalisation's or a sum's in the
+    # forward pass first, and in the gradients and running statistics that inherit it.
+    stages = {row.stage.split(": ")[-1] for row in findings}
+    computed = bool(stages - {"update"})
+    if fast_variance and computed:
         more = f" and {len(fast_variance) - 1} more" if len(fast_variance) > 1 else ""
         causes.append(
             f"Flax's normalisation at {fast_variance[0]}{more} computes the variance as E[x²] − E[x]² "
             "(use_fast_variance=True, Flax's default), which cancels where the mean is large against the spread; PyTorch "
             "subtracts the mean first. Build the port's BatchNorm/LayerNorm/GroupNorm with use_fast_variance=False.")
-    first = findings[0]
-    if dtype == "float32" and first.stage.split(": ")[-1] == "update" and _uses_adam(opt_state):
+    if dtype == "float32" and "update" in stages and _uses_adam(opt_state):
         causes.append(
             "optax computes Adam's bias corrections 1 − βᵗ in float32 (β₂ = 0.999 is 0.99900001 there, and 1 − β₂ loses "
             "1.3e-5 of its value), PyTorch in Python's float64: every float32 update differs by about 6e-6 of its size. "
             "An optimizer that computes 1 − βᵗ as −expm1(t·log β) has no such rows (examples/port/nanogpt_block.py).")
-    if dtype == "float32" and jax.default_backend() == "cpu":
+    if dtype == "float32" and computed and jax.default_backend() == "cpu":
         measured = xla_reduction_ratio(layers, channels_last)
         if measured is not None and measured[0] > 1.5:
             under = ""

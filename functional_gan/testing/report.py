@@ -29,6 +29,7 @@ def jax_build() -> str:
 STAGES = ("forward", "output", "loss", "gradient", "update", "buffer")
 EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_SPEC, EXIT_PRECISION = 0, 1, 2, 3
 LISTED = 20  # divergences and precision findings listed by name in the summary (the table has every row)
+NEAR_ZERO = 0.01  # PyTorch's own error above this fraction of a quantity's scale: the quantity is rounding itself
 
 
 @dataclasses.dataclass
@@ -47,6 +48,8 @@ class Report:
     carried: str = ""  # the port's own state handed from each step to the next, in words ("" for one step)
     steps: int = 1
     causes: list[str] = dataclasses.field(default_factory=list)  # the likely causes of the precision findings
+    allow_precision: bool = False  # precision findings alone exit 0 (the CLI's --allow-precision)
+    hints: dict = dataclasses.field(default_factory=dict)  # (stage, name) of a divergence → a known cause, in words
 
     @property
     def first_divergence(self) -> Row | None:
@@ -69,11 +72,13 @@ class Report:
         """Agreement: every quantity within tolerance, no divergence and no precision finding."""
         return self.first_divergence is None and not self.precision_findings
 
-    def exit_status(self, allow_precision: bool = False) -> int:
-        """0 agreement, 1 a divergence, 3 precision findings only (0 with ``allow_precision``)."""
+    def exit_status(self, allow_precision: bool | None = None) -> int:
+        """0 agreement, 1 a divergence, 3 precision findings only (0 with ``allow_precision``, by default the
+        report's own)."""
+        allow = self.allow_precision if allow_precision is None else allow_precision
         if self.first_divergence is not None:
             return EXIT_DIVERGENCE
-        if self.precision_findings and not allow_precision:
+        if self.precision_findings and not allow:
             return EXIT_PRECISION
         return EXIT_AGREEMENT
 
@@ -109,8 +114,10 @@ class Report:
         precision = self._precision_text()
         if first is None:
             if precision:
+                status = ("exit status 0 (precision findings allowed)" if self.allow_precision else
+                          "exit status 3; 0 with --allow-precision, or assert_port(..., allow_precision=True)")
                 return (precision + f"\nNo divergence: every other quantity within tolerance ({_program_words(self.programs)}); "
-                        "exit status 3 (--allow-precision: 0).")
+                        f"{status}.")
             return f"Agreement: all {len(self.rows)} quantities within tolerance ({_program_words(self.programs)})."
         if first.shapes is not None:
             port_shape, torch_shape = first.shapes
@@ -123,6 +130,9 @@ class Report:
             if first.twin_error is not None:
                 text += (f" The same JAX program in float64 is {first.twin_error:.3g} of the scale from PyTorch64: "
                          "the mathematics differs.")
+        hint = self.hints.get((first.stage.split(": ")[-1], first.name))
+        if hint:
+            text += f"\nKnown cause that fits: {hint}"
         only = self.only_in
         if only == "jit":
             text += ("\nOnly the compiled program (jax.jit) departs: the same code run op by op agrees with PyTorch. "
@@ -152,6 +162,8 @@ class Report:
         every divergence and precision finding (the first {LISTED} by name)."""
         status = self.exit_status()
         outcome = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE", EXIT_PRECISION: "precision findings"}[status]
+        if status == EXIT_AGREEMENT and self.precision_findings:
+            outcome = "precision findings, allowed"
         lines = [f"Summary: {outcome} (exit status {status}); {len(self.rows)} quantities, {self.dtype}, "
                  f"k = {self.k:g}", f"  {'stage':<9} {'rows':>5}  {'worst':>9}  at"]
         for stage in STAGES:
@@ -161,13 +173,17 @@ class Report:
             worst = max(rows, key=_badness)
             lines.append(f"  {stage:<9} {len(rows):>5}  {_measure(worst):>9}  {worst.stage}, {worst.name}"
                          f"{'' if worst.passed else (' ≈ precision' if worst.precision else ' ✗')}")
-        lines.append("  (worst: the port's error ÷ PyTorch's own error in this dtype, \"×\"; where that was not measured, "
-                     "÷ the allowance, \"of\")")
-        diverged = [r for r in self.rows + [r for r in self.other_rows if r.diverged] if r.diverged]
-        for title, found in (("Divergences", diverged), ("Precision findings", self.precision_findings)):
+        lines.append(f"  (worst, \"×\": the port's error ÷ max(PyTorch's own error in this dtype, {ULPS if self.dtype == 'float32' else ULPS64} "
+                     f"ulps of the scale); allowed: {self.k:g}×. \"of\": ÷ the allowance, where PyTorch's own was not measured)")
+        judged = {(r.stage, r.name) for r in self.rows if r.diverged}
+        other = self.programs[1] if len(self.programs) > 1 else ""
+        diverged = [(r, "") for r in self.rows if r.diverged]
+        diverged += [(r, f" ({_program_words((other,))} only)") for r in self.other_rows
+                     if r.diverged and (r.stage, r.name) not in judged]
+        for title, found in (("Divergences", diverged), ("Precision findings", [(r, "") for r in self.precision_findings])):
             if found:
                 lines.append(f"{title} ({len(found)}):")
-                lines += [f"  {r.stage}, {r.name}: {_measure(r)}" for r in found[:LISTED]]
+                lines += [f"  {r.stage}, {r.name}: {_measure(r)}{where}" for r, where in found[:LISTED]]
                 if len(found) > LISTED:
                     lines.append(f"  ... and {len(found) - LISTED} more (marked in the table)")
         return lines
@@ -179,6 +195,7 @@ class Report:
 
         start = self.precision_start
         return {"spec": self.spec, "dtype": self.dtype, "k": self.k, "passed": self.passed,
+                "allow_precision": self.allow_precision,
                 "exit_status": self.exit_status(), "api": self.api,
                 "programs": list(self.programs), "build": self.build, "only_in": self.only_in,
                 "layers": self.layers, "uncaptured_layers": self.uncaptured, "steps": self.steps,
@@ -222,14 +239,22 @@ class Report:
         header = (f"{'stage':<{width_stage}}  {'quantity':<{width_name}}  {'port error':>11} {'PyTorch noise':>13} "
                   f"{'JAX noise':>10} {'ratio':>7}  ok")
         lines += [header, "-" * len(header)]
+        near_zero = False
         for r in self.rows:
             noise = f"{r.noise:.2e}" if r.noise is not None else "—"
             jax_noise = f"{r.jax_noise:.2e}" if r.jax_noise is not None else "—"
             ratio = f"{r.ratio:.2f}" if r.ratio is not None else "—"
             error = "shape" if r.shapes is not None else f"{r.port_error:.2e}"
             mark = "✓" if r.passed else ("≈" if r.precision else "✗")
+            if r.passed and r.noise is not None and r.noise > NEAR_ZERO:
+                mark = "✓°"
+                near_zero = True
             lines.append(f"{r.stage:<{width_stage}}  {r.name:<{width_name}}  {error:>11} {noise:>13} {jax_noise:>10} "
                          f"{ratio:>7}  {mark}")
+        if near_zero:
+            lines.append(f"° PyTorch's own error there is above {NEAR_ZERO:.0%} of the quantity's scale: the quantity is "
+                         "mathematically zero or nearly (a bias before a BatchNorm, say), its values are rounding, and the "
+                         "port's rounding is compared with PyTorch's.")
         lines += ["", self.verdict()]
         text = "\n".join(lines)
         return f"```text\n{text}\n```\n" if markdown else text
