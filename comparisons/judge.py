@@ -85,7 +85,7 @@ def _at_least_ulps(noise: float, dtype: str = "float32") -> float:
     return max(noise, (ULPS if dtype == "float32" else ULPS64) * EPS[dtype])
 
 
-def float32_allowed(noise: float, k: float = DEFAULT_K, dtype: str = "float32") -> float:
+def allowance(noise: float, k: float = DEFAULT_K, dtype: str = "float32") -> float:
     """The largest error (relative to a tensor's scale) a port may have: k × PyTorch's own, at least 4 ulps."""
     return k * _at_least_ulps(noise, dtype)
 
@@ -98,8 +98,9 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     float32: within k × PyTorch's own error, the largest of ``noisy`` (PyTorch's float32 results) against the
     reference, at least 4 ulps; a ``tolerance`` given replaces that criterion with a fixed one. float64: within
     ``tolerance`` (default 1e-10), or with ``float64_noise`` and ``noisy`` (PyTorch's float64 results in other
-    summation orders) within k × their largest error, at least 8 float64 ulps (:data:`ULPS64`). Arrays of different shapes give a row
-    that records both shapes (``port_shape``: the port's own, before any change of layout) and fails.
+    summation orders) within k × their largest error, at least 8 float64 ulps (:data:`ULPS64`). Arrays of
+    different shapes give a row that records both shapes (``port_shape``: the port's own, before any change of
+    layout) and fails.
 
     ``jax_noisy``: (float32, float64) pairs of the port's own results from one JAX program: ``|JAX₃₂ − JAX₆₄|`` is its
     own float32 rounding, and ``|JAX₆₄ − reference|`` (or against ``twin_reference``, where the float64 program's
@@ -130,7 +131,7 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
         allowed = tolerance
     else:  # ``noisy``: PyTorch's results in this dtype; the largest of their errors is PyTorch's own
         noise = max(error_of(n) for n in noisy)
-        allowed = float32_allowed(noise, k, dtype) if tolerance is None else tolerance
+        allowed = allowance(noise, k, dtype) if tolerance is None else tolerance
         pairs = [(a, b) for a, b in jax_noisy if np.shape(a) == np.shape(b) == port.shape]
         if pairs and dtype == "float32":
             jax_noise = max(error_of(a, b) for a, b in pairs)

@@ -66,9 +66,8 @@ def nested_outputs():
     of a scan. :func:`assemble_nested` puts the pieces back together."""
     sink: dict = {}
     _NESTED.append(sink)
-    try:
+    try:  # the callbacks' results feed the port's outputs: fetching those waits for every callback
         yield sink
-        jax.effects_barrier()
     finally:
         _NESTED.remove(sink)
 
@@ -94,6 +93,11 @@ def _leave_through_callback(path: tuple[str, ...], value):
     back = jax.pure_callback(receive, jax.ShapeDtypeStruct(carried.shape, carried.dtype), carried,
                              vmap_method="sequential")
     return jax.lax.bitcast_convert_type(back, dtype) if wide else back
+
+
+def _first(out):
+    """A module's output, or the first element of the tuple it returns (``(output, state)``)."""
+    return out[0] if isinstance(out, tuple) and out else out
 
 
 def _with_first(out, first):
@@ -251,7 +255,7 @@ def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict):
     """While active, the first output of each module's ``__call__`` is recorded by its path (outermost call only).
 
     A module the port calls inside a transformation of its own (``jax.vmap(self.conv)(x)``, a ``lax.scan`` over
-    layers) has an output that cannot leave that transformation as a value: it leaves through an ordered callback
+    layers) has an output that cannot leave that transformation as a value: it leaves through a host callback
     into :func:`nested_outputs` instead, when one is collecting."""
     paths = {id(m): path for path, m in modules.items()}
     active: set[int] = set()
@@ -270,7 +274,7 @@ def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict):
                 out = __original(self, *args, **kwargs)
             finally:
                 active.discard(id(self))
-            first = out[0] if isinstance(out, tuple) and out else out
+            first = _first(out)
             if hasattr(first, "shape"):
                 if _current_trace() is level:
                     record.setdefault(path, first)
@@ -346,7 +350,7 @@ def adapter_for(spec, make_inputs: Callable[[bool], tuple], seed: int) -> Adapte
     if _is_nnx(model):
         return _nnx_adapter(spec, model)
     if _is_equinox(model):
-        return _equinox_adapter(spec, model)
+        return _equinox_adapter(spec, model, seed)
     raise UserError(f"jax_model() returned {type(model).__module__}.{type(model).__qualname__}; check-port takes a "
                     "Flax Linen module, a Flax NNX module, an Equinox module (or (module, state) from "
                     "eqx.nn.make_with_state), or no jax_model() and jax_params() with jax_apply(params, *inputs)")
@@ -426,7 +430,7 @@ def _linen_nested_calls():
     def interceptor(next_fun, args, kwargs, context):
         out = next_fun(*args, **kwargs)
         if context.method_name == "__call__" and _NESTED and _current_trace() is not level:
-            first = out[0] if isinstance(out, tuple) and out else out
+            first = _first(out)
             if hasattr(first, "shape"):
                 out = _with_first(out, _leave_through_callback(tuple(map(str, context.module.path)), first))
         return out
@@ -537,7 +541,7 @@ def _equinox_state_leaves(modules: dict, state) -> dict[tuple[str, ...], tuple]:
     return found
 
 
-def _equinox_adapter(spec, made) -> Adapter:
+def _equinox_adapter(spec, made, seed: int = 0) -> Adapter:
     import equinox as eqx
 
     model, state = made if isinstance(made, tuple) else (made, None)
@@ -553,7 +557,7 @@ def _equinox_adapter(spec, made) -> Adapter:
     kinds = {path: f"eqx.{type(m).__name__}" for path, m in modules.items()}
     template = [leaf for _, leaf in leaves]
 
-    key = _equinox_key(model, spec)
+    key = _equinox_key(model, seed)
 
     def apply(tree, inputs, capture):
         values = _flat(tree.get("params", {}))
@@ -588,7 +592,7 @@ def _equinox_adapter(spec, made) -> Adapter:
     return Adapter("Equinox", "torch", False, canonical, apply, kinds, carry=state, carried=carried)
 
 
-def _equinox_key(model, spec):
+def _equinox_key(model, seed: int):
     """The ``key`` an Equinox model's ``__call__`` takes, where it takes one (``key=None`` by Equinox's convention for
     layers without randomness, required by models that draw dropout masks): a fixed key from the checker's seed. In
     inference mode (``TRAIN = False``) Equinox's dropout ignores it; in training mode the draws cannot match
@@ -599,7 +603,7 @@ def _equinox_key(model, spec):
         parameters = inspect.signature(type(model).__call__).parameters
     except (TypeError, ValueError):
         return None
-    return jax.random.key(getattr(spec, "seed", 0)) if "key" in parameters else None
+    return jax.random.key(seed) if "key" in parameters else None
 
 
 def _clone(tree):

@@ -11,8 +11,9 @@ wrong:
 2. every parameter's gradient;
 3. every parameter after one optimizer step from the same gradients (PyTorch's optimizer fed JAX's
    gradients), every buffer (BatchNorm's running statistics);
-4. steps 2..N: the same, each step starting from PyTorch's parameters and buffers (teacher forcing;
-   each framework keeps its own optimizer state).
+4. steps 2..N: the same, each step starting from PyTorch's parameters (teacher forcing) and from the
+   port's own state after its previous step, as training carries it (each framework keeps its own
+   optimizer state).
 
 The JAX side runs twice: compiled with ``jax.jit``, as training runs it, and op by op. The compiled
 program is the one judged; where only one of the two programs departs from PyTorch, the report says
@@ -22,10 +23,12 @@ The reference is PyTorch in float64. In float32 a quantity passes when
 ``|JAX₃₂ − PyTorch₆₄| ≤ k · max(|PyTorch₃₂ − PyTorch₆₄|, 4 ulps of its scale)``: the port may be as far
 from the exact answer as PyTorch itself is, k times over (``k`` = 3 by default). PyTorch's own
 error is the largest of three float32 runs: as it is, and with the batch's samples in two other
-orders (put back in order after), which makes every reduction over the batch sum in another order. Adam turns float32
-rounding in near-zero gradients into lr-sized steps; PyTorch does that to itself too, and the
-criterion knows it. In float64 the port must agree within 1e-10 of each tensor's scale. The first
-quantity out of tolerance is named: stage, layer, tensor, both sides' values (or both shapes).
+orders (put back in order after), which makes every reduction over the batch sum in another order. Beyond it, a
+quantity is a precision finding where the same JAX program in float64 agrees with PyTorch (see :mod:`.precision`),
+else a divergence. Adam turns float32 rounding in near-zero gradients into lr-sized steps; PyTorch does that to
+itself too, and the update stage is judged from the same gradients. In float64 the port must agree within k ×
+PyTorch's own float64 error (other batch orders, other memory layouts, one-ulp moves; at least 8 ulps). The first
+divergence is named: stage, layer, tensor, both sides' values (or both shapes).
 
 A spec is a Python file (or module) defining
 
@@ -231,7 +234,6 @@ def _torch_dtype(side: str) -> torch.dtype:
     return torch.float32 if side.startswith("t32") else torch.float64
 
 
-
 def noise_program(programs: tuple[str, ...]) -> str:
     """The program whose float64 twin measures JAX's own float32 error: op by op where it runs (a fault of the
     compiler alone then never reads as rounding), else the compiled one."""
@@ -292,13 +294,16 @@ def _float64_twin(run: _Run, function, before: dict, opt_state, optimizer) -> di
     """A program's step in float64 from the same start (PyTorch64's parameters and buffers ``before``, the optimizer
     state its float32 run had), for JAX's own float32 error. Its optimizer state is not kept."""
     with jax.enable_x64(True):
-        def wide(tree):
-            return jax.tree_util.tree_map(
-                lambda a: jnp.asarray(a, jnp.float64) if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
-
         if optimizer is not None and opt_state is None:
             opt_state = optimizer.init(before["params"])
-        return _collected(run, lambda: function(before, wide(run.jax_inputs), wide(run.jax_targets), wide(opt_state)))
+        inputs, targets, opt_state = _floats_in((run.jax_inputs, run.jax_targets, opt_state), jnp.float64)
+        return _collected(run, lambda: function(before, inputs, targets, opt_state))
+
+
+def _floats_in(tree, width):
+    """``tree`` with its floating-point leaves in ``width`` (the rest as they are)."""
+    return jax.tree_util.tree_map(
+        lambda a: jnp.asarray(a, width) if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
 
 
 def _collected(run: _Run, call) -> dict:
@@ -320,12 +325,7 @@ def _start_of_step(run: _Run, width, own: dict | None) -> dict:
     start = variables_from_torch(run.sides["ref"][0], run.pairings, run.adapter.variables, width)
     if own is None:
         return {**start, "carry": run.adapter.carry}
-
-    def cast(tree):
-        return jax.tree_util.tree_map(
-            lambda a: jnp.asarray(a, width) if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
-
-    return {**start, "batch_stats": cast(own["batch_stats"]), "carry": cast(own["carry"])}
+    return {**start, "batch_stats": _floats_in(own["batch_stats"], width), "carry": _floats_in(own["carry"], width)}
 
 
 def _fed_updates(run: _Run, program: str, start: dict, grads, twin_grads) -> dict[str, dict]:

@@ -98,12 +98,15 @@ class Report:
         findings = self.precision_findings
         if not findings:
             return ""
-        ratios = [r.ratio for r in findings if r.ratio is not None]
+        ratios = [r.ratio for r in findings if r.ratio is not None] or [float("nan")]
         start = self.precision_start
-        text = (f"Precision: {len(findings)} quantities are {min(ratios):.1f}–{max(ratios):.1f}× PyTorch's own float32 error "
-                f"(allowed {self.k:g}×) although the same JAX program in float64 agrees with PyTorch: the mathematics is "
-                f"right, the port's float32 arithmetic is less accurate than PyTorch's. It starts at {start.stage}, "
-                f"{start.name} ({start.ratio:.1f}×).")
+        count = f"{len(findings)} quantit{'y is' if len(findings) == 1 else 'ies are'}"
+        why = ("although the same JAX program in float64 agrees with PyTorch: the mathematics is right, the port's "
+               "float32 arithmetic is less accurate than PyTorch's" if self.dtype == "float32" else
+               "within 1e-10 of each scale, in a port that computes with an algorithm known to lose precision: the "
+               "mathematics is right, the port's float64 arithmetic is less accurate than PyTorch's")
+        text = (f"Precision: {count} {min(ratios):.1f}–{max(ratios):.1f}× PyTorch's own {self.dtype} error "
+                f"(allowed {self.k:g}×) {why}. It starts at {start.stage}, {start.name} ({start.ratio:.1f}×).")
         for cause in self.causes:
             text += f"\nLikely cause: {cause}"
         return text
@@ -159,7 +162,7 @@ class Report:
 
     def summary(self) -> list[str]:
         """Per stage: the count and the worst ratio to PyTorch's own error (or to the allowance) with its row; then
-        every divergence and precision finding (the first {LISTED} by name)."""
+        every divergence and precision finding (the first ``LISTED`` by name)."""
         status = self.exit_status()
         outcome = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE", EXIT_PRECISION: "precision findings"}[status]
         if status == EXIT_AGREEMENT and self.precision_findings:
