@@ -32,6 +32,34 @@ ULPS64 = 8
 EPS = {"float32": float(np.finfo(np.float32).eps), "float64": float(np.finfo(np.float64).eps)}
 
 
+class Measured(float):
+    """An error already measured against a quantity's reference (``max |values − reference| / scale``, the scale being
+    the reference's): what a caller passes in ``noisy`` or ``jax_noisy`` instead of the array, having compared it and let
+    it go (check-port holds one PyTorch run at a time, not all of them)."""
+
+
+class TwinMeasured(float):
+    """``max |JAX₃₂ − JAX₆₄|`` of one quantity, not yet divided by its scale (which :func:`compare` knows), with the
+    shape of the values: one ``jax_noisy`` pair, measured and let go."""
+
+    def __new__(cls, difference: float, shape: tuple):
+        value = super().__new__(cls, difference)
+        value.shape = tuple(shape)
+        return value
+
+
+def relative_error(values, reference, scale: float | None = None) -> Measured:
+    """``max |values − reference| / scale`` (by default the reference's largest magnitude, 1 where it is 0): a
+    quantity's error as :func:`compare` measures it, to be passed there as a :class:`Measured`."""
+    reference = np.asarray(reference, np.float64)
+    if not reference.size:
+        return Measured(0.0)
+    if scale is None:
+        scale = float(np.max(np.abs(reference)))
+        scale = scale if scale > 0 else 1.0
+    return Measured(float(np.max(np.abs(np.asarray(values, np.float64) - reference))) / scale)
+
+
 @dataclasses.dataclass
 class Row:
     stage: str
@@ -102,7 +130,8 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     different shapes give a row that records both shapes (``port_shape``: the port's own, before any change of
     layout) and fails.
 
-    ``jax_noisy``: (float32, float64) pairs of the port's own results from one JAX program: ``|JAX₃₂ − JAX₆₄|`` is its
+    ``jax_noisy``: (float32, float64) pairs of the port's own results from one JAX program (or, measured already, a
+    :class:`TwinMeasured` and the float64 values or their :class:`Measured` error): ``|JAX₃₂ − JAX₆₄|`` is its
     own float32 rounding, and ``|JAX₆₄ − reference|`` (or against ``twin_reference``, where the float64 program's
     reference differs, as an update fed other gradients does) says whether its mathematics is right. They never
     widen the allowance; they tell a precision finding from a divergence (:attr:`Row.precision`).
@@ -116,6 +145,8 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     scale = scale if scale > 0 else 1.0
 
     def error_of(values, against=reference) -> float:
+        if isinstance(values, Measured):
+            return float(values)
         values = np.asarray(values, np.float64)
         return float(np.max(np.abs(values - np.asarray(against, np.float64)))) / scale if reference.size else 0.0
 
@@ -132,9 +163,11 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     else:  # ``noisy``: PyTorch's results in this dtype; the largest of their errors is PyTorch's own
         noise = max(error_of(n) for n in noisy)
         allowed = allowance(noise, k, dtype) if tolerance is None else tolerance
-        pairs = [(a, b) for a, b in jax_noisy if np.shape(a) == np.shape(b) == port.shape]
+        pairs = [(a, b) for a, b in jax_noisy
+                 if (a.shape if isinstance(a, TwinMeasured) else np.shape(a)) == port.shape
+                 and (isinstance(a, TwinMeasured) or np.shape(a) == np.shape(b))]
         if pairs and dtype == "float32":
-            jax_noise = max(error_of(a, b) for a, b in pairs)
+            jax_noise = max(float(a) / scale if isinstance(a, TwinMeasured) else error_of(a, b) for a, b in pairs)
             twin_against = reference if twin_reference is None else twin_reference
             twin_error = max(error_of(b, twin_against) for _, b in pairs)
     return Row(stage, name, error, noise, allowed, scale, float(port[where]) if port.size else math.nan,

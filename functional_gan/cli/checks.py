@@ -98,6 +98,9 @@ def add_check_port(subparsers) -> None:
                    help="the JAX program checked: compiled with jax.jit and op by op (judged: the compiled one), or one")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
+    p.add_argument("--memory", action="store_true",
+                   help="after the report, the process's resident memory at the end of each phase of the check and its "
+                        "peak (Linux: /proc/self/status)")
 
 
 def run_check_port(args) -> int:
@@ -128,6 +131,8 @@ def run_check_port(args) -> int:
     report = port.check_port(port.load_spec(args.spec), args.dtype, args.steps, args.k, programs=programs)
     report.allow_precision = args.allow_precision
     print(report.format())
+    if args.memory:
+        print("\n" + report.memory.format())
     for flag, text in ((args.json, lambda: json.dumps(report.to_json(), indent=1, default=float) + "\n"),
                        (args.markdown, lambda: report.format(markdown=True))):
         if flag:

@@ -67,12 +67,13 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from functional_gan.comparisons.judge import DEFAULT_K, Row, compare
+from functional_gan.comparisons.judge import DEFAULT_K, Measured, Row, TwinMeasured, compare, relative_error
 from functional_gan.errors import UserError
 
 from . import apis
 from .jax_side import _check_dtypes, _jax_step_function
 from .pairing import Pairing, _get, default_from_jax, default_to_jax, transfer, variables_from_torch
+from .memory import Phases
 from .precision import likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
 from .spec import Spec, SpecError, load_spec, spec_from_module
@@ -115,44 +116,59 @@ def _layout_of(jax_output, torch_shape: tuple, from_jax) -> np.ndarray:
     return np.asarray(jax_output)
 
 
-def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, jax_noisy: list[tuple[dict, dict]]) -> list[Row]:
-    """Every quantity of one step compared, in debugging order. ``jax_noisy``: (float32, float64) runs of one JAX
-    program, for JAX's own float32 error."""
-    rows: list[Row] = []
-    noise_sides = [name for name in run.sides if name != "ref"] or ["ref"]
+def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None):
+    """Every quantity of one step, in debugging order: (stage, name, pick from a JAX outcome, PyTorch64's value,
+    PyTorch's own error (a :class:`Measured`), the port's shape where it may differ, the float64 twin's reference)."""
     ref = seen["ref"]
-
-    def add(stage, name, pick_jax, reference, pick_torch, port_shape=None, noisy=None, twin_reference=None):
-        noisy = noisy if noisy is not None else [pick_torch(seen[n]) for n in noise_sides]
-        rows.append(compare(prefix + stage, name, pick_jax(jax_seen), reference, noisy, run.dtype, run.k,
-                            port_shape=port_shape, jax_noisy=[(pick_jax(a), pick_jax(b)) for a, b in jax_noisy],
-                            twin_reference=twin_reference, float64_noise=True))
-
+    noise = seen["noise"]
     for torch_name in ref["layers"]:  # in the order PyTorch ran them
         path = run.layer_paths[torch_name]
         if path in jax_seen["layers"]:
             expected = ref["layers"][torch_name]
-            add("forward", torch_name or "(model)", lambda s, p=path, e=expected: _layout_of(s["layers"][p], e.shape, run.from_jax),
-                expected, lambda side, n=torch_name: side["layers"][n], np.shape(jax_seen["layers"][path]))
-    add("output", "output", lambda s: _layout_of(s["output"], ref["output"].shape, run.from_jax), ref["output"],
-        lambda side: side["output"], np.shape(jax_seen["output"]))
+            yield ("forward", torch_name or "(model)",
+                   lambda s, p=path, e=expected: _layout_of(s["layers"][p], e.shape, run.from_jax),
+                   expected, noise["layers"][torch_name], np.shape(jax_seen["layers"][path]), None)
+    yield ("output", "output", lambda s: _layout_of(s["output"], ref["output"].shape, run.from_jax), ref["output"],
+           noise["output"], np.shape(jax_seen["output"]), None)
     if run.spec.torch_loss is None:
-        return rows
-    add("loss", "loss", lambda s: s["loss"], ref["loss"], lambda side: side["loss"])
+        return
+    yield "loss", "loss", lambda s: s["loss"], ref["loss"], noise["loss"], None, None
     params = [p for p in run.pairings if p.collection == "params"]
     for p in params:
-        add("gradient", p.torch_key, lambda s, p=p: p.leaf(s["grads"]), ref["grads"][p.torch_key],
-            lambda side, key=p.torch_key: side["grads"][key])
+        yield ("gradient", p.torch_key, lambda s, p=p: p.leaf(s["grads"]), ref["grads"][p.torch_key],
+               noise["grads"][p.torch_key], None, None)
     if fed is not None:  # judged from the same gradients: PyTorch's optimizer fed the port's
         for p in params:
-            add("update", p.torch_key, lambda s, p=p: p.leaf(s["params"]), fed["ref"][p.torch_key], None,
-                noisy=[fed[n][p.torch_key] for n in fed if n not in ("ref", "twin")] or [fed["ref"][p.torch_key]],
-                twin_reference=fed["twin"][p.torch_key] if "twin" in fed else None)
+            yield ("update", p.torch_key, lambda s, p=p: p.leaf(s["params"]), fed["ref"][p.torch_key],
+                   fed["noise"][p.torch_key], None, fed["twin"][p.torch_key] if "twin" in fed else None)
     for p in run.pairings:
         if p.collection == "batch_stats" and _has(jax_seen.get("batch_stats", {}), p.jax_path):
-            add("buffer", p.torch_key, lambda s, p=p: p.leaf(s["batch_stats"]), ref["after"][p.torch_key],
-                lambda side, key=p.torch_key: side["after"][key])
-    return rows
+            yield ("buffer", p.torch_key, lambda s, p=p: p.leaf(s["batch_stats"]), ref["after"][p.torch_key],
+                   noise["after"][p.torch_key], None, None)
+
+
+def _twin_measures(run: _Run, seen: dict, jax_seen: dict, twin: dict, fed: dict | None) -> dict:
+    """JAX's own float32 error, quantity by quantity, from one program's float32 outcome (``jax_seen``) and its float64
+    twin, taken once and kept as numbers (each program's rows use them): ``|JAX₃₂ − JAX₆₄|``, and the twin's error
+    against PyTorch64, or, for the updates, whose reference differs by program (each program's gradients fed to
+    PyTorch), the twin's values themselves."""
+    measures = {}
+    for stage, name, pick, reference, _, _, twin_reference in _quantities(run, seen, jax_seen, fed):
+        a, b = pick(jax_seen), pick(twin)
+        if np.shape(a) != np.shape(b):
+            continue
+        against = b if stage == "update" else relative_error(b, reference)
+        measures[stage, name] = (TwinMeasured(relative_error(a, b, scale=1.0), np.shape(a)), against)
+    return measures
+
+
+def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, measures: dict) -> list[Row]:
+    """Every quantity of one step compared, in debugging order. ``measures``: JAX's own float32 error (see
+    :func:`_twin_measures`)."""
+    return [compare(prefix + stage, name, pick(jax_seen), reference, [noise], run.dtype, run.k, port_shape=port_shape,
+                    jax_noisy=[measures[stage, name]] if (stage, name) in measures else [],
+                    twin_reference=twin_reference, float64_noise=True)
+            for stage, name, pick, reference, noise, port_shape, twin_reference in _quantities(run, seen, jax_seen, fed)]
 
 
 def _has(tree, path) -> bool:
@@ -174,7 +190,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
         reference_model = spec.torch_model()
     except Exception as error:
         raise SpecError(f"the spec's torch_model()/example_inputs() failed: {type(error).__name__}: {error}") from error
-    state = copy.deepcopy(reference_model.state_dict())
+    state = reference_model.state_dict()  # each model built loads it; the first build is let go after pairing
     jax_dtype = jnp.float64 if dtype == "float64" else jnp.float32
 
     def on_jax(arrays):
@@ -196,35 +212,50 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
     # in float64 the two float64 runs in other orders, and one with its weights and images in other memory layouts
     # (other_layout): a computation without a reduction over the batch (a Linear in eval mode) sums in the same order
     # however the batch is ordered, and in another order in another layout. The largest of their errors counts.
-    sides = {"ref": _torch_side(spec, torch.float64, state)}
+    # One model per role, not per run (a model of 124M parameters is 1 GB in float64): the reference, whose parameters
+    # and buffers every run starts each step from; a working model per dtype that each other run and each optimizer
+    # fed the port's gradients loads its start into before it computes; float64's other memory layout.
+    ref = _torch_side(spec, torch.float64, state)
+    working = {torch.float64: None, torch.float32: None}
+
+    def work(torch_dtype):
+        if working[torch_dtype] is None:
+            working[torch_dtype] = _torch_side(spec, torch_dtype, state)[0]
+        return working[torch_dtype]
+
+    sides = {"ref": ref}
     batch = {np.shape(x)[0] for x in (*inputs, *targets) if np.ndim(x) > 0}
     permutations = {}
     short = "t32" if dtype == "float32" else "t64"
     if dtype == "float32":
-        sides["t32"] = _torch_side(spec, torch.float32, state)
+        sides["t32"] = (work(torch.float32), None)
     if len(batch) == 1 and (size := batch.pop()) > 1:
         for variant in range(PERMUTED_RUNS):
             permutations[f"{short}-permuted-{variant}"] = np.random.default_rng([seed, variant]).permutation(size)
-            sides[f"{short}-permuted-{variant}"] = _torch_side(spec, _torch_dtype(short), state)
+            sides[f"{short}-permuted-{variant}"] = (work(_torch_dtype(short)), None)
     if dtype == "float64":
-        model, optimizer = _torch_side(spec, torch.float64, state)
-        sides["t64-layout"] = (other_layout(model), optimizer)
-        sides["t64-moved"] = _torch_side(spec, torch.float64, state)
+        sides["t64-layout"] = (other_layout(_torch_side(spec, torch.float64, state)[0]), None)
+        sides["t64-moved"] = (work(torch.float64), None)
     # The update stage is judged from the same gradients: PyTorch's optimizer (float64, and float32 for its
     # own noise) fed JAX's gradients, its state evolving with them as optax's does. Judged from each
     # framework's own gradients instead, Adam's lr-sized steps on near-zero gradients make the
     # comparison a matter of chance.
     # The float64 twin of the noise program (float32 checks) has its own: PyTorch64 fed the twin's gradients, from
-    # the optimizer state the reference shadow had before the step.
+    # the optimizer state the reference shadow had before the step. Each is an optimizer of its own (its state) over
+    # the working model of its dtype.
+    def shadow(torch_dtype):
+        model = work(torch_dtype)
+        return model, spec.torch_optimizer(model.parameters())
+
     shadows = {program: {} for program in programs}
     if spec.jax_optimizer is not None:
         for program in programs:
-            shadows[program]["ref"] = _torch_side(spec, torch.float64, state)
+            shadows[program]["ref"] = shadow(torch.float64)
             # PyTorch's own error in the optimizer's arithmetic: float32, or in float64 fed gradients and parameters
             # moved by one ulp
-            shadows[program][short] = _torch_side(spec, _torch_dtype(short), state)
+            shadows[program][short] = shadow(_torch_dtype(short))
         if dtype == "float32":
-            shadows[noise_program(programs)]["twin"] = _torch_side(spec, torch.float64, state)
+            shadows[noise_program(programs)]["twin"] = shadow(torch.float64)
     return _Run(spec, dtype, k, inputs, targets, jax_inputs(adapter.channels_last), on_jax(targets), from_jax, adapter,
                 pairings, layer_paths, {}, sides, permutations, shadows)
 
@@ -246,17 +277,15 @@ def _one_ulp(tensor: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     return wide * (1 + torch.from_numpy(rng.choice([-1.0, 1.0], size=tuple(wide.shape))) * float(np.finfo(np.float64).eps))
 
 
-def _torch_steps(run: _Run) -> tuple[dict, dict]:
-    """Every PyTorch side runs one step from PyTorch64's state; returns what each saw and that starting state."""
+def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
+    """Every PyTorch side runs one step from PyTorch64's state; returns what the reference saw (``"ref"``), the other
+    runs' largest errors against it (``"noise"``: PyTorch's own error in the dtype, quantity by quantity, each run
+    compared as soon as it is done and let go), and that starting state. The reference's optimizer steps (its
+    parameters start the next step) unless this is the ``last`` step."""
     start = run.sides["ref"][0]  # teacher forcing: every side starts the step from PyTorch64's parameters and buffers
     params_state = {k: v.detach().clone() for k, v in start.state_dict().items()}
     moves = np.random.default_rng(len(run.pairings))
-    for name, (model, _) in run.sides.items():
-        if name != "ref":  # load_state_dict copies into the parameters as they are laid out
-            state = {k: v.to(_torch_dtype(name)) if v.is_floating_point() else v for k, v in params_state.items()}
-            if name == "t64-moved":
-                state = {k: _one_ulp(v, moves) if v.is_floating_point() else v for k, v in state.items()}
-            model.load_state_dict(state)
+    stats = [p for p in run.pairings if p.collection == "batch_stats"]
 
     def inputs_of(name):
         if name != "t64-moved":
@@ -264,13 +293,42 @@ def _torch_steps(run: _Run) -> tuple[dict, dict]:
         return tuple(_one_ulp(torch.from_numpy(np.array(x)), moves).numpy() if np.asarray(x).dtype.kind == "f" else x
                      for x in run.inputs)
 
-    seen = {name: _torch_step(run.spec, model, opt, inputs_of(name), run.targets, _torch_dtype(name), run.layer_paths,
-                              run.permutations.get(name), layout=name == "t64-layout")
-            for name, (model, opt) in run.sides.items()}
+    noise = {"layers": {}, "grads": {}, "after": {}, "output": Measured(0.0), "loss": Measured(0.0)}
+
+    def step_of(name, model, opt):
+        sink = None
+        if name != "ref":  # each layer's output measured against the reference's as it comes, not kept
+            def sink(layer, value):
+                noise["layers"][layer] = max(noise["layers"].get(layer, Measured(0.0)),
+                                             relative_error(value, ref["layers"][layer]))
+        seen = _torch_step(run.spec, model, opt, inputs_of(name), run.targets, _torch_dtype(name), run.layer_paths,
+                           run.permutations.get(name), layout=name == "t64-layout", sink=sink)
+        seen["grads"] = torch_in_flax_layout(model, run.pairings, "grad", release=True)
+        seen["after"] = torch_in_flax_layout(model, stats)  # the buffers (the parameters' updates are judged fed)
+        return seen
+
+    ref_model, ref_optimizer = run.sides["ref"]
+    ref = step_of("ref", ref_model, None if last else ref_optimizer)
     for name, (model, _) in run.sides.items():
-        seen[name]["grads"] = torch_in_flax_layout(model, run.pairings, "grad")
-        seen[name]["after"] = torch_in_flax_layout(model, run.pairings)
-    return seen, params_state
+        if name == "ref":
+            continue
+        # load_state_dict copies into the parameters as they are laid out
+        state = {k: v.to(_torch_dtype(name)) if v.is_floating_point() else v for k, v in params_state.items()}
+        if name == "t64-moved":
+            state = {k: _one_ulp(v, moves) if v.is_floating_point() else v for k, v in state.items()}
+        model.load_state_dict(state)
+        del state
+        seen = step_of(name, model, None)  # no optimizer step: its parameters after it are not compared
+        model.zero_grad(set_to_none=True)
+        for quantity in ("output", "loss"):
+            if quantity in seen:
+                noise[quantity] = max(noise[quantity], relative_error(seen[quantity], ref[quantity]))
+        for quantity in ("grads", "after"):
+            for key, value in seen[quantity].items():
+                noise[quantity][key] = max(noise[quantity].get(key, Measured(0.0)),
+                                           relative_error(value, ref[quantity][key]))
+        del seen
+    return {"ref": ref, "noise": noise}, params_state
 
 
 def _run_program(run: _Run, function, program: str, before: dict, opt_state, first: bool) -> dict:
@@ -328,25 +386,44 @@ def _start_of_step(run: _Run, width, own: dict | None) -> dict:
     return {**start, "batch_stats": _floats_in(own["batch_stats"], width), "carry": _floats_in(own["carry"], width)}
 
 
-def _fed_updates(run: _Run, program: str, start: dict, grads, twin_grads) -> dict[str, dict]:
-    """PyTorch's optimizers fed ``program``'s gradients (float64: the reference; float32: PyTorch's own error), and,
-    with ``twin_grads``, PyTorch64 fed the float64 twin's from the reference's optimizer state before this step."""
+def _fed_updates(run: _Run, program: str, start: dict, grads, twin_grads, last: bool) -> dict[str, dict]:
+    """PyTorch's optimizers fed ``program``'s gradients: float64, the reference (``"ref"``); float32 (or float64 fed
+    gradients and parameters moved by one ulp), PyTorch's own error, measured against it at once (``"noise"``); and,
+    with ``twin_grads``, PyTorch64 fed the float64 twin's from the reference's optimizer state before this step.
+    The optimizers' states are kept for the next step, let go after the ``last``."""
     shadows = run.shadows[program]
     before = copy.deepcopy(shadows["ref"][1].state_dict()) if twin_grads is not None and "twin" in shadows else None
     moves = np.random.default_rng(len(run.pairings) + 1)
-    fed = {}
+    fed = {"ref": _fed_update(*shadows["ref"], start, run.pairings, grads)}
     for name, (model, opt) in shadows.items():
         if name == "t64":
             moved_start = {k: _one_ulp(v, moves) if v.is_floating_point() else v for k, v in start.items()}
             moved = jax.tree_util.tree_map(lambda g: _one_ulp(torch.from_numpy(np.array(g, np.float64)), moves).numpy(), grads)
-            fed[name] = _fed_update(model, opt, moved_start, run.pairings, moved)
-        elif name != "twin":
-            fed[name] = _fed_update(model, opt, start, run.pairings, grads)
+            own = _fed_update(model, opt, moved_start, run.pairings, moved)
+            del moved_start, moved
+        elif name == "t32":
+            own = _fed_update(model, opt, start, run.pairings, grads)
+        else:
+            continue
+        fed["noise"] = {key: relative_error(value, fed["ref"][key]) for key, value in own.items()}
+        del own
     if before is not None:
         model, opt = shadows["twin"]
         opt.load_state_dict(before)
         fed["twin"] = _fed_update(model, opt, start, run.pairings, twin_grads)
+    for name, (model, opt) in shadows.items():
+        model.zero_grad(set_to_none=True)
+        if last or name == "twin":  # the twin's starts from the reference's each step
+            opt.state.clear()
     return fed
+
+
+def _let_go_of_programs(program: str) -> None:
+    """After a program run op by op, JAX's caches of the programs it compiled for each operation (about 0.75 GB for a
+    ResNet-50's step, kept until the process ends) are let go: the next program compiles its own. The compiled
+    step then compiles again at the next step, a few seconds, for a peak a gigabyte lower on such a model."""
+    if program == "eager":
+        jax.clear_caches()
 
 
 FLAX_BATCHNORM = ("flax.linen.normalization.BatchNorm", "flax.nnx.nn.normalization.BatchNorm")
@@ -381,7 +458,9 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
     # Full float32 on GPUs/TPUs (no TF32 or bf16 passes, no effect on CPUs): PyTorch's side runs on the CPU, and its
     # float32 noise is the yardstick.
     with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext(), jax.default_matmul_precision("highest"):
+        phases = Phases()
         run = _prepare(spec, dtype, k, seed, programs)
+        phases.mark("PyTorch models built, port paired")
         optimizer = spec.jax_optimizer() if spec.jax_optimizer else None
         step_fn = _jax_step_function(run.adapter, spec, optimizer)
         functions = {program: jax.jit(step_fn) if program == "jit" else step_fn for program in programs}
@@ -402,7 +481,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 with jax.enable_x64(True):
                     before64 = _start_of_step(run, jnp.float64, own_state[twin_program])
             try:
-                seen, params_state = _torch_steps(run)
+                seen, params_state = _torch_steps(run, last=step == steps)
+                phases.mark(f"step {step}: PyTorch's runs")
             except Exception as error:
                 if step > 1:
                     raise
@@ -410,32 +490,45 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 raise SpecError(f"the spec's PyTorch step (torch_model() on example_inputs(), torch_loss, "
                                 f"torch_optimizer) failed: {type(error).__name__}: {message}") from error
             run.layer_shapes.update({name: np.shape(value) for name, value in seen["ref"]["layers"].items()})
-            outcomes = {}
+            # One program at a time, compared and let go: the twin's program first, then its float64 twin (JAX's own
+            # float32 error, kept as numbers), then the others.
+            measures: dict = {}
             for program in order:
                 if program not in opt_states:
                     opt_states[program] = optimizer.init(before[program]["params"]) if optimizer is not None else None
-                outcomes[program] = _run_program(run, functions[program], program, before[program], opt_states[program],
-                                                 first=step == 1 and program == order[0])
+                outcome = _run_program(run, functions[program], program, before[program], opt_states[program],
+                                       first=step == 1 and program == order[0])
                 if step == 1 and program == order[0]:
-                    _check_dtypes(outcomes[program], dtype, run)
+                    _check_dtypes(outcome, dtype, run)
                     uncaptured = [n or "(model)" for n in seen["ref"]["layers"]
-                                  if run.layer_paths[n] not in outcomes[program]["layers"]]
-                opt_states[program] = outcomes[program].get("opt_state")
-                own_state[program] = {"batch_stats": outcomes[program].get("batch_stats") or before[program]["batch_stats"],
-                                      "carry": outcomes[program].get("carry")}
-            twin = _float64_twin(run, functions[twin_program], before64, opt_before.get(twin_program), optimizer) \
-                if twin_program else None
-            jax_noisy = [(outcomes[twin_program], twin)] if twin is not None else []
-            for program in programs:
+                                  if run.layer_paths[n] not in outcome["layers"]]
+                opt_states[program] = outcome.pop("opt_state", None)
+                own_state[program] = {"batch_stats": outcome.get("batch_stats") or before[program]["batch_stats"],
+                                      "carry": outcome.get("carry")}
+                _let_go_of_programs(program)
+                phases.mark(f"step {step}: the port, {program}")
+                twin = None
+                if program == twin_program:
+                    twin = _float64_twin(run, functions[twin_program], before64, opt_before.get(twin_program), optimizer)
+                    del before64
+                    _let_go_of_programs(program)
+                    phases.mark(f"step {step}: the port in float64 ({twin_program})")
                 fed = None
                 if optimizer is not None and spec.torch_loss is not None:
-                    fed = _fed_updates(run, program, params_state, outcomes[program]["grads"],
-                                       twin["grads"] if twin is not None and program == twin_program else None)
-                rows[program] += _rows(run, f"step {step}: " if steps > 1 else "", seen, outcomes[program], fed, jax_noisy)
+                    fed = _fed_updates(run, program, params_state, outcome["grads"],
+                                       twin["grads"] if twin is not None else None, last=step == steps)
+                if twin is not None:
+                    measures = _twin_measures(run, seen, outcome, twin, fed)
+                    del twin
+                rows[program] += _rows(run, f"step {step}: " if steps > 1 else "", seen, outcome, fed, measures)
+                del outcome, fed
+                phases.mark(f"step {step}: rows of {program}")
+            del measures
     report = Report(spec.name, dtype, k, run.pairings, rows[programs[0]], run.adapter.api, tuple(programs),
                     rows[programs[1]] if len(programs) > 1 else [], jax_build(), len(seen["ref"]["layers"]), uncaptured,
                     carried=run.adapter.carried if steps > 1 else "", steps=steps)
     report.hints = _known_causes(run, report)
+    report.memory = phases
     if dtype == "float64" and run.adapter.fast_variance:  # E[x²] − E[x]² cancels in float64 too, 2²⁹ times less
         for row in report.rows + report.other_rows:
             row.explained_by = "use_fast_variance=True"

@@ -345,8 +345,10 @@ def variables_from_torch(model: torch.nn.Module, pairings: list[Pairing], variab
     return out
 
 
-def torch_in_flax_layout(model: torch.nn.Module, pairings: list[Pairing], which: str = "value") -> dict[str, np.ndarray]:
-    """Each paired tensor (or its ``.grad``) in the port's layout, float64, by PyTorch key."""
+def torch_in_flax_layout(model: torch.nn.Module, pairings: list[Pairing], which: str = "value",
+                         release: bool = False) -> dict[str, np.ndarray]:
+    """Each paired tensor (or its ``.grad``) in the port's layout, float64, by PyTorch key; with ``release``, each
+    ``.grad`` let go of as soon as it is read."""
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     out = {}
     for p in pairings:
@@ -354,8 +356,12 @@ def torch_in_flax_layout(model: torch.nn.Module, pairings: list[Pairing], which:
         if which == "grad":
             if p.collection != "params":
                 continue
-            tensor = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
-        out[p.torch_key] = p.to_jax(tensor.detach().cpu().double().numpy())
+            parameter, tensor = tensor, tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
+            if release:
+                parameter.grad = None
+        # a copy: a float64 tensor's numpy() is its memory, which the model's next step (or the next run loading
+        # its start into the same model) overwrites
+        out[p.torch_key] = np.array(p.to_jax(tensor.detach().cpu().double().numpy()), np.float64)
     return out
 
 

@@ -10,6 +10,7 @@ error, every divergence and precision finding), then the weight transfer and the
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 
@@ -50,6 +51,7 @@ class Report:
     causes: list[str] = dataclasses.field(default_factory=list)  # the likely causes of the precision findings
     allow_precision: bool = False  # precision findings alone exit 0 (the CLI's --allow-precision)
     hints: dict = dataclasses.field(default_factory=dict)  # (stage, name) of a divergence → a known cause, in words
+    memory: Any = None  # the check's resident memory phase by phase (a .memory.Phases)
 
     @property
     def first_divergence(self) -> Row | None:

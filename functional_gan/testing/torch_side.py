@@ -34,10 +34,12 @@ def other_layout(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_layers: dict[str, str],
-                permutation: np.ndarray | None = None, layout: bool = False):
+                permutation: np.ndarray | None = None, layout: bool = False, sink=None):
     """One forward (with each paired layer's output), loss, backward, optimizer step. Returns what it saw.
 
-    With ``permutation`` the samples go in that order and every output is put back in the original order.
+    With ``permutation`` the samples go in that order and every output is put back in the original order. With
+    ``sink``, each layer's output (float64, in order) goes to ``sink(name, output)`` as it is computed instead of
+    being kept.
     """
     if permutation is not None:
         inputs = tuple(np.asarray(x)[permutation] for x in inputs)
@@ -50,6 +52,11 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
     def recorder(name):
         def hook(_module, _inputs, out):  # returns None: the module's output is left as it is
             # a copy: a later in-place op (ReLU(inplace=True), +=) must not change what was recorded
+            if sink is not None:
+                if name not in outputs:
+                    outputs[name] = None
+                    sink(name, unpermute(out.detach().double().cpu().numpy()))
+                return
             outputs.setdefault(name, unpermute(out.detach().double().cpu().numpy().copy()))
         return hook
 
@@ -67,10 +74,12 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
                    for t in tensors]
     if optimizer is not None:
         optimizer.zero_grad()
+    else:  # a model run without its optimizer (or a spec without one) starts from no gradients all the same
+        model.zero_grad(set_to_none=True)
     output = model(*tensors)
     for h in handles:
         h.remove()
-    seen = {"layers": outputs, "output": unpermute(output.detach().double().cpu().numpy().copy())}
+    seen = {"layers": outputs if sink is None else {}, "output": unpermute(output.detach().double().cpu().numpy().copy())}
     if spec.torch_loss is not None:
         loss = spec.torch_loss(output, *tensors, *target_tensors)
         seen["loss"] = float(loss.detach())

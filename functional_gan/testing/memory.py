@@ -1,0 +1,79 @@
+"""Resident memory of the checking process, phase by phase: what ``check-port --memory`` and the benchmark's
+check-port rows report. Linux reads ``/proc/self/status`` (the resident set now, VmRSS, and its peak so far, VmHWM);
+elsewhere the peak comes from ``resource.getrusage`` and the current size is not known."""
+
+from __future__ import annotations
+
+import dataclasses
+import ctypes
+import ctypes.util
+import gc
+import resource
+import sys
+import time
+
+
+def _status() -> tuple[float | None, float]:
+    """(resident now, peak so far), in bytes."""
+    try:
+        with open("/proc/self/status") as status:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+        return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return None, peak * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def release() -> None:
+    """Python's garbage collected, and the C heap's free memory handed back to the system where glibc can
+    (``malloc_trim``): arrays freed by one phase otherwise stay resident in malloc's arenas (XLA's threads have
+    their own), and the next phase's allocations land elsewhere."""
+    gc.collect()
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+@dataclasses.dataclass
+class Phase:
+    name: str
+    resident: float | None  # bytes, at the phase's end
+    peak: float  # bytes, the process's peak so far
+    seconds: float  # since the check began
+
+
+class Phases:
+    """Marks taken as a check goes: each phase's end, with the resident memory then and the peak so far."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.marks: list[Phase] = []
+        self.mark("start")
+
+    def mark(self, name: str) -> None:
+        release()
+        resident, peak = _status()
+        self.marks.append(Phase(name, resident, peak, time.perf_counter() - self.start))
+
+    @property
+    def peak(self) -> float:
+        return max(m.peak for m in self.marks)
+
+    def format(self) -> str:
+        gib = 1024 ** 3
+        lines = [f"Memory (resident, GiB; the process's peak {self.peak / gib:.2f} GiB):",
+                 f"  {'phase':44} {'now':>6} {'peak':>6} {'at s':>7}"]
+        for m in self.marks:
+            now = f"{m.resident / gib:6.2f}" if m.resident is not None else "     ?"
+            lines.append(f"  {m.name:44} {now} {m.peak / gib:6.2f} {m.seconds:7.1f}")
+        return "\n".join(lines)
