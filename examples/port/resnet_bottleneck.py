@@ -51,16 +51,16 @@ class Bottleneck(nn.Module):
 
 
 class DeepResNet(nn.Module):
-    def __init__(self, num_classes=10):
+    def __init__(self, num_classes=10, layers=LAYERS, width=WIDTH):
         super().__init__()
-        self.inplanes = WIDTH
-        self.conv1 = conv3x3(3, WIDTH)
-        self.bn1 = nn.BatchNorm2d(WIDTH)
-        self.layer1 = self._make_layer(WIDTH, LAYERS[0])
-        self.layer2 = self._make_layer(2 * WIDTH, LAYERS[1], stride=2)
-        self.layer3 = self._make_layer(4 * WIDTH, LAYERS[2], stride=2)
-        self.layer4 = self._make_layer(8 * WIDTH, LAYERS[3], stride=2)
-        self.fc = nn.Linear(8 * WIDTH * Bottleneck.expansion, num_classes)
+        self.inplanes = width
+        self.conv1 = conv3x3(3, width)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.layer1 = self._make_layer(width, layers[0])
+        self.layer2 = self._make_layer(2 * width, layers[1], stride=2)
+        self.layer3 = self._make_layer(4 * width, layers[2], stride=2)
+        self.layer4 = self._make_layer(8 * width, layers[3], stride=2)
+        self.fc = nn.Linear(8 * width * Bottleneck.expansion, num_classes)
 
     def _make_layer(self, planes, blocks, stride=1):
         downsample = None
@@ -99,13 +99,15 @@ class FlaxBottleneck(fnn.Module):
 
 class FlaxDeepResNet(fnn.Module):
     mistake_at: tuple = ()  # (stage, block) where a mistake of 1e-6 is planted
+    layers: tuple = LAYERS
+    width: int = WIDTH
 
     @fnn.compact
     def __call__(self, x):
-        x = fnn.relu(TorchBatchNorm()(_conv(WIDTH, 3)(x)))
-        inplanes = WIDTH
-        for stage, blocks in enumerate(LAYERS):
-            planes, stride = WIDTH * 2 ** stage, 1 if stage == 0 else 2
+        x = fnn.relu(TorchBatchNorm()(_conv(self.width, 3)(x)))
+        inplanes = self.width
+        for stage, blocks in enumerate(self.layers):
+            planes, stride = self.width * 2 ** stage, 1 if stage == 0 else 2
             for block in range(blocks):
                 first = block == 0
                 x = FlaxBottleneck(planes, stride if first else 1, first and (stride != 1 or inplanes != planes * 4),

@@ -313,6 +313,9 @@ class Adapter:
     carried: str = ""  # what state a step hands to the next, in words, for the report
     fast_variance: list[str] = dataclasses.field(default_factory=list)  # norm layers with use_fast_variance=True
     classes: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)  # module path → module.Class
+    # variables (as ``apply`` takes them) -> the port as its API keeps it: Linen's variables dict, the NNX model, the
+    # Equinox (model, state), a function's {"params": ..., "state": ...}; what ``convert`` writes
+    export: Callable | None = None
 
 
 def _is_linen(model) -> bool:
@@ -359,7 +362,36 @@ def adapter_for(spec, make_inputs: Callable[[bool], tuple], seed: int) -> Adapte
 # --- Flax Linen ---------------------------------------------------------------------------------------
 
 
-def _linen_init(model, key, inputs) -> dict:
+# Linen's usual names for the mode a module runs in, as call arguments or fields: TRAIN reaches each one the port has.
+_LINEN_MODE = {"deterministic": False, "use_running_average": False, "train": True, "training": True,
+               "is_training": True}
+
+
+def _linen_mode(model, train: bool):
+    """The port with ``TRAIN`` given to it: (the module, with its mode fields set; the keyword arguments for its
+    ``__call__``). In training mode ``deterministic`` is left as the port has it (dropout cannot draw PyTorch's
+    masks; with a rate of 0 it is the identity either way)."""
+    import inspect
+
+    def wanted(name):
+        if name == "deterministic" and train:
+            return None
+        return train if _LINEN_MODE[name] else not train
+
+    fields = {f.name for f in dataclasses.fields(model)} if dataclasses.is_dataclass(model) else set()
+    set_fields = {n: wanted(n) for n in _LINEN_MODE if n in fields and wanted(n) is not None}
+    if set_fields:
+        model = model.clone(**set_fields)
+    try:
+        parameters = inspect.signature(type(model).__call__).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    arguments = {n: wanted(n) for n in _LINEN_MODE if n in parameters and wanted(n) is not None
+                 and parameters[n].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return model, arguments
+
+
+def _linen_init(model, key, inputs, mode: dict | None = None) -> dict:
     """``model.init`` as one compiled program (eagerly, each initializer and layer is its own small compile: 4 s of
     a 12 s check on the example MNIST CNN with jaxlib 0.10.2); eagerly for a module whose ``init`` needs concrete
     values. The values are the same programs' (the initializers draw from the same keys); the paired ones are
@@ -367,7 +399,7 @@ def _linen_init(model, key, inputs) -> dict:
     traced = {}
 
     def init(key, *inputs):
-        traced["variables"] = model.init(key, *inputs)  # in definition order, which pairing by order reads
+        traced["variables"] = model.init(key, *inputs, **(mode or {}))  # in definition order, which pairing reads
         return traced["variables"]
 
     try:
@@ -375,7 +407,7 @@ def _linen_init(model, key, inputs) -> dict:
         return _in_order_of(traced["variables"], variables)  # jit's outputs come back key-sorted
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError):
-        return model.init(key, *inputs)
+        return model.init(key, *inputs, **(mode or {}))
 
 
 def _in_order_of(template, tree):
@@ -386,8 +418,9 @@ def _in_order_of(template, tree):
 
 
 def _linen_adapter(spec, model, inputs, seed) -> Adapter:
+    model, mode = _linen_mode(model, spec.train) if spec.jax_apply is None else (model, {})
     try:
-        variables = _linen_init(model, jax.random.key(seed), inputs)
+        variables = _linen_init(model, jax.random.key(seed), inputs, mode)
     except Exception as error:
         raise UserError(f"jax_model().init on the example inputs failed: {type(error).__name__}: {error}") from error
     variables = {c: dict(v) for c, v in variables.items()}
@@ -408,15 +441,20 @@ def _linen_adapter(spec, model, inputs, seed) -> Adapter:
             if spec.jax_apply is not None:
                 output, state = spec.jax_apply(model, full, *inputs, capture_intermediates=captured)
             else:
-                output, state = model.apply(full, *inputs, capture_intermediates=captured, mutable=mutable)
+                output, state = model.apply(full, *inputs, **mode, capture_intermediates=captured, mutable=mutable)
         layers = _intermediates(state.get("intermediates", {})) if capture else {}
         new_carry = {c: state.get(c, v) for c, v in carry.items()}
         return output, dict(state.get("batch_stats", {})), layers, new_carry
 
+    def export(tree):
+        carry = tree.get("carry") if tree.get("carry") is not None else others
+        return {**carry, **{c: v for c, v in tree.items() if v and c != "carry"}}
+
     carried = ["batch_stats"] * bool(canonical["batch_stats"]) + sorted(others)
-    fast, classes = _linen_modules(model, variables, inputs)
+    fast, classes = _linen_modules(model, variables, inputs, mode)
     return Adapter("Flax Linen", "flax", True, canonical, apply, carry=others,
-                   carried=", ".join(f"the {c!r} collection" for c in carried), fast_variance=fast, classes=classes)
+                   carried=", ".join(f"the {c!r} collection" for c in carried), fast_variance=fast, classes=classes,
+                   export=export)
 
 
 @contextlib.contextmanager
@@ -443,7 +481,7 @@ def _class_name(module) -> str:
     return f"{type(module).__module__}.{type(module).__qualname__}"
 
 
-def _linen_modules(model, variables, inputs) -> tuple[list[str], dict[tuple[str, ...], str]]:
+def _linen_modules(model, variables, inputs, mode: dict) -> tuple[list[str], dict[tuple[str, ...], str]]:
     """Read off the Linen modules while the model is traced once (no arithmetic): the paths of the norm layers that
     compute the variance as E[x²] − E[x]² (``use_fast_variance=True``), and each module's class."""
     found: list[str] = []
@@ -458,7 +496,8 @@ def _linen_modules(model, variables, inputs) -> tuple[list[str], dict[tuple[str,
         return False
 
     try:
-        jax.eval_shape(lambda v, *x: model.apply(v, *x, capture_intermediates=spy, mutable=True), variables, *inputs)
+        jax.eval_shape(lambda v, *x: model.apply(v, *x, **mode, capture_intermediates=spy, mutable=True), variables,
+                       *inputs)
     except Exception:  # a model that needs its own jax_apply: nothing read, nothing claimed
         return [], {}
     return found, classes
@@ -486,11 +525,14 @@ def _nnx_adapter(spec, model) -> Adapter:
     other = {key: variable.get_value() for key, (_, variable) in flat.items()
              if not isinstance(variable, (nnx.Param, nnx.BatchStat)) and hasattr(variable.get_value(), "shape")}
 
-    def apply(tree, inputs, capture):
+    def build(tree):
         values = {**_flat(tree.get("params", {})), **_flat(tree.get("batch_stats", {})),
                   **(tree.get("carry") if tree.get("carry") is not None else {})}
         leaves = [(path, variable.replace(values[key]) if key in values else variable) for key, (path, variable) in flat.items()]
-        net = nnx.merge(graphdef, nnx.from_flat_state(leaves))
+        return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+    def apply(tree, inputs, capture):
+        net = build(tree)
         if capture:
             output, captured = nnx.capture(net, nnx.Intermediate, method_outputs=nnx.Intermediate)(*inputs)
             layers = _intermediates(nnx.to_pure_dict(captured))
@@ -506,7 +548,7 @@ def _nnx_adapter(spec, model) -> Adapter:
     carried = ", ".join(["nnx.BatchStat"] * bool(canonical["batch_stats"]) + [f"nnx.{k}" for k in kinds_carried])
     fast = ["/".join(path) for path, m in modules.items() if getattr(m, "use_fast_variance", False) is True]
     return Adapter("Flax NNX", "flax", True, canonical, apply, kinds, carry=other, carried=carried, fast_variance=fast,
-                   classes={path: _class_name(m) for path, m in modules.items()})
+                   classes={path: _class_name(m) for path, m in modules.items()}, export=build)
 
 
 # --- Equinox ------------------------------------------------------------------------------------------
@@ -559,7 +601,7 @@ def _equinox_adapter(spec, made, seed: int = 0) -> Adapter:
 
     key = _equinox_key(model, seed)
 
-    def apply(tree, inputs, capture):
+    def build(tree):
         values = _flat(tree.get("params", {}))
         net = _refill(treedef, template, arrays, values)
         current = tree.get("carry") if tree.get("carry") is not None else state
@@ -569,6 +611,10 @@ def _equinox_adapter(spec, made, seed: int = 0) -> Adapter:
                 lambda a: a.astype(dtype) if dtype is not None and np.issubdtype(a.dtype, np.floating) else a, _clone(current))
         for path, value in _flat(tree.get("batch_stats", {})).items():
             current = _set_state_value(current, *stateful[path], value)
+        return net, current
+
+    def apply(tree, inputs, capture):
+        net, current = build(tree)
         record: dict = {}
         nets = _modules_by_path(net, lambda m: isinstance(m, eqx.Module)) if capture else {}
         nets.pop((), None)
@@ -589,7 +635,8 @@ def _equinox_adapter(spec, made, seed: int = 0) -> Adapter:
         return out, _nested(stats), layers, new_state
 
     carried = "the eqx.nn.State: every StateIndex, running statistics, counters and flags" if state is not None else ""
-    return Adapter("Equinox", "torch", False, canonical, apply, kinds, carry=state, carried=carried)
+    return Adapter("Equinox", "torch", False, canonical, apply, kinds, carry=state, carried=carried,
+                   export=lambda tree: build(tree) if state is not None else (build(tree)[0], None))
 
 
 def _equinox_key(model, seed: int):
@@ -669,5 +716,9 @@ def _function_adapter(spec) -> Adapter:
                 stats = _nested({path: leaves[path] for path in structure["batch_stats"][2]})
         return output, stats, dict(record), new_state
 
+    def export(tree):
+        return {"params": rebuild("params", tree["params"]),
+                "state": rebuild("batch_stats", tree["batch_stats"], tree.get("carry")) if state is not None else None}
+
     return Adapter("plain function", "torch", False, canonical, apply, carry=state,
-                   carried="the state jax_apply returns" if state is not None else "")
+                   carried="the state jax_apply returns" if state is not None else "", export=export)

@@ -45,10 +45,13 @@ A spec is a Python file (or module) defining
   ``to_jax(*arrays)`` / ``from_jax(output)`` (default: the API's layout: Linen and NNX channels-last,
   arrays of 3 or more dimensions NC… ↔ N…C; Equinox and functions as PyTorch has them);
   ``param_map`` ({PyTorch module name: the port's module path "a/b"}); ``torch_loss(output, *inputs,
-  *targets)`` with ``jax_loss(...)``; ``torch_optimizer(parameters)`` with ``jax_optimizer()`` (an optax
+  *targets)`` with ``jax_loss(output, *inputs, *targets)`` (the output as compared; the inputs as each framework's
+  model takes them, on the JAX side what ``to_jax`` made of them); ``OUTPUT``: the field compared (an attribute, a
+  key, or an index) of both models' outputs where they return objects (``"logits"``); ``torch_optimizer(parameters)`` with ``jax_optimizer()`` (an optax
   transformation); for Linen, ``jax_apply(model, variables, *inputs, capture_intermediates)`` returning
   ``(output, {"batch_stats": ..., "intermediates": ...})`` for a model whose ``__call__`` needs more
-  than the inputs; ``TRAIN = False`` to compare in eval mode (dropout off, running statistics used).
+  than the inputs; ``TRAIN = False`` to compare in eval mode (dropout off, running statistics used; for Linen, given
+  to the module's ``deterministic``/``use_running_average``/``train`` argument or field where it has one).
 
 See ``examples/port/`` for models from public code; :func:`assert_port` is the same check for pytest.
 """
@@ -72,7 +75,7 @@ from functional_gan.errors import UserError
 
 from . import apis
 from .jax_side import _check_dtypes, _jax_step_function
-from .pairing import Pairing, _get, default_from_jax, default_to_jax, transfer, variables_from_torch
+from .pairing import Pairing, _get, default_from_jax, default_to_jax, tied_tensors, transfer, variables_from_torch
 from .memory import Phases
 from .precision import likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
@@ -101,6 +104,8 @@ class _Run:
     sides: dict  # PyTorch's runs: "ref" (float64), "t32" and permuted float32 runs
     permutations: dict
     shadows: dict  # per program: PyTorch's optimizers fed that program's gradients
+    notes: set = dataclasses.field(default_factory=set)  # for the report: what was compared otherwise than usual
+    tied: dict = dataclasses.field(default_factory=dict)  # tied tensors: later name → the name paired
 
 
 def _layout_of(jax_output, torch_shape: tuple, from_jax) -> np.ndarray:
@@ -140,35 +145,59 @@ def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None):
     if fed is not None:  # judged from the same gradients: PyTorch's optimizer fed the port's
         for p in params:
             yield ("update", p.torch_key, lambda s, p=p: p.leaf(s["params"]), fed["ref"][p.torch_key],
-                   fed["noise"][p.torch_key], None, fed["twin"][p.torch_key] if "twin" in fed else None)
+                   fed["noise"][p.torch_key], None, None)
     for p in run.pairings:
         if p.collection == "batch_stats" and _has(jax_seen.get("batch_stats", {}), p.jax_path):
             yield ("buffer", p.torch_key, lambda s, p=p: p.leaf(s["batch_stats"]), ref["after"][p.torch_key],
                    noise["after"][p.torch_key], None, None)
 
 
-def _twin_measures(run: _Run, seen: dict, jax_seen: dict, twin: dict, fed: dict | None) -> dict:
-    """JAX's own float32 error, quantity by quantity, from one program's float32 outcome (``jax_seen``) and its float64
-    twin, taken once and kept as numbers (each program's rows use them): ``|JAX₃₂ − JAX₆₄|``, and the twin's error
-    against PyTorch64, or, for the updates, whose reference differs by program (each program's gradients fed to
-    PyTorch), the twin's values themselves."""
+def _twin_measures(run: _Run, seen: dict, jax_seen: dict, twin: dict) -> dict:
+    """JAX's own float32 error, quantity by quantity up to the gradients, from one program's float32 outcome
+    (``jax_seen``) and its float64 twin, taken once and kept as numbers (each program's rows use them):
+    ``|JAX₃₂ − JAX₆₄|``, and the twin's error against PyTorch64."""
     measures = {}
-    for stage, name, pick, reference, _, _, twin_reference in _quantities(run, seen, jax_seen, fed):
+    for stage, name, pick, reference, _, _, _ in _quantities(run, seen, jax_seen, None):
         a, b = pick(jax_seen), pick(twin)
-        if np.shape(a) != np.shape(b):
-            continue
-        against = b if stage == "update" else relative_error(b, reference)
-        measures[stage, name] = (TwinMeasured(relative_error(a, b, scale=1.0), np.shape(a)), against)
+        if np.shape(a) == np.shape(b) == np.shape(reference):
+            measures[stage, name] = (TwinMeasured(relative_error(a, b, scale=1.0), np.shape(a)),
+                                     relative_error(b, reference))
     return measures
 
 
-def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, measures: dict) -> list[Row]:
-    """Every quantity of one step compared, in debugging order. ``measures``: JAX's own float32 error (see
-    :func:`_twin_measures`)."""
-    return [compare(prefix + stage, name, pick(jax_seen), reference, [noise], run.dtype, run.k, port_shape=port_shape,
-                    jax_noisy=[measures[stage, name]] if (stage, name) in measures else [],
-                    twin_reference=twin_reference, float64_noise=True)
-            for stage, name, pick, reference, noise, port_shape, twin_reference in _quantities(run, seen, jax_seen, fed)]
+def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, measures: dict,
+          update64: dict | None) -> list[Row]:
+    """Every quantity of one step compared, in debugging order. ``measures``: JAX's own float32 error up to the
+    gradients (see :func:`_twin_measures`); ``update64``: the port's optimizer in float64 fed this program's gradients,
+    its own float32 error at the update stage."""
+    rows = []
+    for stage, name, pick, reference, noise, port_shape, twin_reference in _quantities(run, seen, jax_seen, fed):
+        jax_noisy = [measures[stage, name]] if (stage, name) in measures else []
+        if stage == "update" and update64 is not None:
+            jax_noisy = [(pick(jax_seen), pick(update64))]
+        port = pick(jax_seen)
+        if stage in ("forward", "output"):
+            port, reference = _broadcast_equal(run, f"{stage}, {name}", port, reference)
+        rows.append(compare(prefix + stage, name, port, reference, [noise], run.dtype, run.k,
+                            port_shape=port_shape, jax_noisy=jax_noisy, twin_reference=twin_reference,
+                            float64_noise=True))
+    return rows
+
+
+def _broadcast_equal(run: _Run, where: str, port, reference):
+    """``port`` and ``reference`` as compared: where their shapes differ only by axes of length 1 that broadcast
+    (position ids of shape (1, T) in PyTorch, (B, T) in the port), each broadcast to the larger, with a note: the
+    values are compared as they would act."""
+    port, reference = np.asarray(port), np.asarray(reference)
+    if port.shape == reference.shape or port.ndim != reference.ndim:
+        return port, reference
+    try:
+        common = np.broadcast_shapes(port.shape, reference.shape)
+    except ValueError:
+        return port, reference
+    run.notes.add(f"{where}: the port's {port.shape} and PyTorch's {reference.shape} differ by axes of length 1; "
+                  f"compared broadcast to {common}")
+    return np.broadcast_to(port, common), np.broadcast_to(reference, common)
 
 
 def _has(tree, path) -> bool:
@@ -179,7 +208,8 @@ def _has(tree, path) -> bool:
         return False
 
 
-def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, ...]) -> _Run:
+def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, ...], torch_state: dict | None = None
+             ) -> _Run:
     """The spec's pieces built, the port adapted and paired with the PyTorch model, PyTorch's runs set up."""
     if spec.example_inputs is None or (spec.jax_model is None and (spec.jax_params is None or spec.jax_apply is None)):
         raise SpecError("a spec needs torch_model, example_inputs, and jax_model or jax_params with jax_apply")
@@ -190,6 +220,8 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
         reference_model = spec.torch_model()
     except Exception as error:
         raise SpecError(f"the spec's torch_model()/example_inputs() failed: {type(error).__name__}: {error}") from error
+    if torch_state is not None:
+        reference_model.load_state_dict(torch_state)
     state = reference_model.state_dict()  # each model built loads it; the first build is let go after pairing
     jax_dtype = jnp.float64 if dtype == "float64" else jnp.float32
 
@@ -206,6 +238,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
         raise SpecError(str(error)) from error
     from_jax = spec.from_jax or (default_from_jax if adapter.channels_last else np.asarray)
     pairings = transfer(reference_model, adapter.variables, spec.param_map, adapter.kinds)
+    tied = tied_tensors(reference_model)
     layer_paths = {p.torch_key.rsplit(".", 1)[0] if "." in p.torch_key else "": p.layer for p in pairings}
     # PyTorch's own error in the dtype checked: in float32 the float32 run, and the same twice with the batch's
     # samples in other orders (the reductions over the batch sum in other orders; outputs are put back in order);
@@ -240,9 +273,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
     # own noise) fed JAX's gradients, its state evolving with them as optax's does. Judged from each
     # framework's own gradients instead, Adam's lr-sized steps on near-zero gradients make the
     # comparison a matter of chance.
-    # The float64 twin of the noise program (float32 checks) has its own: PyTorch64 fed the twin's gradients, from
-    # the optimizer state the reference shadow had before the step. Each is an optimizer of its own (its state) over
-    # the working model of its dtype.
+    # Each is an optimizer of its own (its state) over the working model of its dtype.
     def shadow(torch_dtype):
         model = work(torch_dtype)
         return model, spec.torch_optimizer(model.parameters())
@@ -254,14 +285,12 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
             # PyTorch's own error in the optimizer's arithmetic: float32, or in float64 fed gradients and parameters
             # moved by one ulp
             shadows[program][short] = shadow(_torch_dtype(short))
-        if dtype == "float32":
-            shadows[noise_program(programs)]["twin"] = shadow(torch.float64)
     return _Run(spec, dtype, k, inputs, targets, jax_inputs(adapter.channels_last), on_jax(targets), from_jax, adapter,
-                pairings, layer_paths, {}, sides, permutations, shadows)
+                pairings, layer_paths, {}, sides, permutations, shadows, tied=tied)
 
 
 def _torch_dtype(side: str) -> torch.dtype:
-    """A PyTorch side's dtype by its name: "ref", "t64…" and "twin" float64, "t32…" float32."""
+    """A PyTorch side's dtype by its name: "ref" and "t64…" float64, "t32…" float32."""
     return torch.float32 if side.startswith("t32") else torch.float64
 
 
@@ -335,6 +364,8 @@ def _run_program(run: _Run, function, program: str, before: dict, opt_state, fir
     """One step of the port by ``function``; on the first call, a port that raises is a spec the checker cannot use."""
     try:
         return _collected(run, lambda: function(before, run.jax_inputs, run.jax_targets, opt_state))
+    except SpecError as error:  # raised while JAX traced the step, which appends a note on its traceback filtering
+        raise type(error)(str(error).split("\n-----")[0]) from error
     except Exception as error:
         if not first:
             raise
@@ -356,6 +387,24 @@ def _float64_twin(run: _Run, function, before: dict, opt_state, optimizer) -> di
             opt_state = optimizer.init(before["params"])
         inputs, targets, opt_state = _floats_in((run.jax_inputs, run.jax_targets, opt_state), jnp.float64)
         return _collected(run, lambda: function(before, inputs, targets, opt_state))
+
+
+def _update_in_float64(optimizer, params, grads, opt_state) -> dict:
+    """The port's optimizer step in float64 fed the float32 program's own gradients, from the same parameters and
+    optimizer state: the update stage's float64 twin. Fed the float64 twin's gradients instead, Adam would turn a
+    gradient that is zero but for rounding (a key bias under softmax: 1e-19 in float64, 1e-9 in float32) into
+    steps of different size, and a wrong update of 1% there would read as rounding."""
+    import optax
+
+    def step(params, grads, opt_state):
+        if opt_state is None:
+            opt_state = optimizer.init(params)
+        updates, _ = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates)
+
+    with jax.enable_x64(True):  # compiled: XLA reuses the buffers of the copies made here (a gigabyte on a ResNet-50)
+        arguments = _floats_in((params, grads, opt_state), jnp.float64)
+        return {"params": jax.device_get(jax.jit(step)(*arguments))}
 
 
 def _floats_in(tree, width):
@@ -386,13 +435,11 @@ def _start_of_step(run: _Run, width, own: dict | None) -> dict:
     return {**start, "batch_stats": _floats_in(own["batch_stats"], width), "carry": _floats_in(own["carry"], width)}
 
 
-def _fed_updates(run: _Run, program: str, start: dict, grads, twin_grads, last: bool) -> dict[str, dict]:
+def _fed_updates(run: _Run, program: str, start: dict, grads, last: bool) -> dict[str, dict]:
     """PyTorch's optimizers fed ``program``'s gradients: float64, the reference (``"ref"``); float32 (or float64 fed
-    gradients and parameters moved by one ulp), PyTorch's own error, measured against it at once (``"noise"``); and,
-    with ``twin_grads``, PyTorch64 fed the float64 twin's from the reference's optimizer state before this step.
+    gradients and parameters moved by one ulp), PyTorch's own error, measured against it at once (``"noise"``).
     The optimizers' states are kept for the next step, let go after the ``last``."""
     shadows = run.shadows[program]
-    before = copy.deepcopy(shadows["ref"][1].state_dict()) if twin_grads is not None and "twin" in shadows else None
     moves = np.random.default_rng(len(run.pairings) + 1)
     fed = {"ref": _fed_update(*shadows["ref"], start, run.pairings, grads)}
     for name, (model, opt) in shadows.items():
@@ -407,15 +454,24 @@ def _fed_updates(run: _Run, program: str, start: dict, grads, twin_grads, last: 
             continue
         fed["noise"] = {key: relative_error(value, fed["ref"][key]) for key, value in own.items()}
         del own
-    if before is not None:
-        model, opt = shadows["twin"]
-        opt.load_state_dict(before)
-        fed["twin"] = _fed_update(model, opt, start, run.pairings, twin_grads)
-    for name, (model, opt) in shadows.items():
+    for model, opt in shadows.values():
         model.zero_grad(set_to_none=True)
-        if last or name == "twin":  # the twin's starts from the reference's each step
+        if last:
             opt.state.clear()
     return fed
+
+
+def _narrow(outcome: dict, run: _Run) -> tuple[str, str] | None:
+    """(where, dtype) of the first floating-point value of the float64 twin's outcome that is not float64 (its layers
+    in PyTorch's order, its output, its gradients), or None."""
+    places = [(name or "(model)", outcome["layers"].get(path)) for name, path in run.layer_paths.items()]
+    places += [("its output", outcome["output"]), ("its gradients", outcome.get("grads"))]
+    for where, value in places:
+        for leaf in jax.tree_util.tree_leaves(value):
+            kind = np.dtype(getattr(leaf, "dtype", np.float64))
+            if np.issubdtype(kind, np.floating) and kind != np.float64:
+                return where, str(kind)
+    return None
 
 
 def _let_go_of_programs(program: str) -> None:
@@ -444,10 +500,13 @@ def _known_causes(run: _Run, report: Report) -> dict:
 
 
 def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
-               programs: tuple[str, ...] = PROGRAMS) -> Report:
+               programs: tuple[str, ...] = PROGRAMS, torch_state: dict | None = None, export: bool = False) -> Report:
     """Compare the spec's JAX port with its PyTorch model (see the module's docstring) and return the report.
 
     ``programs``: which JAX programs run, the first judged: ("jit", "eager") (default), ("jit",) or ("eager",).
+    ``torch_state``: a ``state_dict`` loaded into ``torch_model()`` (trained weights) instead of its seeded
+    initialisation. ``export``: the report's ``converted`` is the port, as its API keeps it, holding PyTorch's weights
+    as they were before the first step (float32), moved with the check's pairing.
     """
     if dtype not in ("float32", "float64"):
         raise SpecError(f"dtype must be float32 or float64, got {dtype!r}")
@@ -459,8 +518,12 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
     # float32 noise is the yardstick.
     with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext(), jax.default_matmul_precision("highest"):
         phases = Phases()
-        run = _prepare(spec, dtype, k, seed, programs)
+        run = _prepare(spec, dtype, k, seed, programs, torch_state)
         phases.mark("PyTorch models built, port paired")
+        if export:  # the weights as they start, before any step changes them
+            start = variables_from_torch(run.sides["ref"][0], run.pairings, run.adapter.variables, jnp.float32)
+            converted = run.adapter.export({**start, "carry": run.adapter.carry})
+            del start
         optimizer = spec.jax_optimizer() if spec.jax_optimizer else None
         step_fn = _jax_step_function(run.adapter, spec, optimizer)
         functions = {program: jax.jit(step_fn) if program == "jit" else step_fn for program in programs}
@@ -474,6 +537,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         # the next step starts from it, as training does; the parameters start from PyTorch's (teacher forcing).
         own_state: dict[str, dict | None] = {program: None for program in programs}
         rows: dict[str, list[Row]] = {program: [] for program in programs}
+        notes: set[str] = set()
         for step in range(1, steps + 1):
             before = {program: _start_of_step(run, width, own_state[program]) for program in programs}
             opt_before = dict(opt_states)
@@ -483,6 +547,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
             try:
                 seen, params_state = _torch_steps(run, last=step == steps)
                 phases.mark(f"step {step}: PyTorch's runs")
+            except SpecError:
+                raise
             except Exception as error:
                 if step > 1:
                     raise
@@ -511,23 +577,38 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 if program == twin_program:
                     twin = _float64_twin(run, functions[twin_program], before64, opt_before.get(twin_program), optimizer)
                     del before64
+                    narrow = _narrow(twin, run)
+                    if narrow:  # a port that fixes its own dtype: no float64 twin, nothing can be called precision
+                        notes.add(f"the port run in float64 computes in {narrow[1]} ({narrow[0]} gives {narrow[1]} from "
+                                  "float64 inputs and parameters: a dtype fixed inside the port, such as a Flax "
+                                  "module's dtype=jnp.float32, or a cast), so JAX's own float32 error cannot be measured "
+                                  "and nothing beyond tolerance can be called precision; make the port compute in the "
+                                  "dtype of its inputs (dtype=None) to have it measured")
+                        twin = None
                     _let_go_of_programs(program)
                     phases.mark(f"step {step}: the port in float64 ({twin_program})")
-                fed = None
+                fed = update64 = None
                 if optimizer is not None and spec.torch_loss is not None:
-                    fed = _fed_updates(run, program, params_state, outcome["grads"],
-                                       twin["grads"] if twin is not None else None, last=step == steps)
+                    fed = _fed_updates(run, program, params_state, outcome["grads"], last=step == steps)
+                    if dtype == "float32":  # the update stage's own float32 error, from the same gradients
+                        update64 = _update_in_float64(optimizer, before[program]["params"], outcome["grads"],
+                                                      opt_before.get(program))
                 if twin is not None:
-                    measures = _twin_measures(run, seen, outcome, twin, fed)
+                    measures = _twin_measures(run, seen, outcome, twin)
                     del twin
-                rows[program] += _rows(run, f"step {step}: " if steps > 1 else "", seen, outcome, fed, measures)
-                del outcome, fed
+                rows[program] += _rows(run, f"step {step}: " if steps > 1 else "", seen, outcome, fed, measures,
+                                       update64)
+                del outcome, fed, update64
                 phases.mark(f"step {step}: rows of {program}")
             del measures
     report = Report(spec.name, dtype, k, run.pairings, rows[programs[0]], run.adapter.api, tuple(programs),
                     rows[programs[1]] if len(programs) > 1 else [], jax_build(), len(seen["ref"]["layers"]), uncaptured,
                     carried=run.adapter.carried if steps > 1 else "", steps=steps)
     report.hints = _known_causes(run, report)
+    report.notes = sorted(notes | run.notes)
+    report.converted = converted if export else None
+    report.train = spec.train
+    report.tied = run.tied
     report.memory = phases
     if dtype == "float64" and run.adapter.fast_variance:  # E[x²] − E[x]² cancels in float64 too, 2²⁹ times less
         for row in report.rows + report.other_rows:

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from . import apis
-from .spec import PortDtypeError, Spec
+from .spec import PortDtypeError, Spec, call_loss, select_output
 
 
 def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer) -> Callable:
@@ -20,13 +20,15 @@ def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer) -> Callable
         # from its previous step): the capture call and the training call both start from that state, and the
         # training call's state is the one carried to the next step.
         output, stats, layers, carry = adapter.apply(variables, inputs, True)
-        seen = {"output": output, "layers": layers, "batch_stats": stats, "carry": carry}
+        seen = {"output": select_output(output, spec.output, "the port"), "layers": layers, "batch_stats": stats,
+                "carry": carry}
         if spec.jax_loss is None:
             return seen
 
         def loss_fn(params):
             out, stats, _, carry = adapter.apply({**variables, "params": params}, inputs, False)
-            return spec.jax_loss(out, *inputs, *targets), (stats, carry)
+            out = select_output(out, spec.output, "the port")
+            return call_loss(spec.jax_loss, "jax_loss", out, inputs, targets).reshape(()), (stats, carry)
 
         (loss, (stats, carry)), grads = jax.value_and_grad(loss_fn, has_aux=True)(variables["params"])
         seen.update(loss=loss, grads=grads, batch_stats=stats, carry=carry)
@@ -44,9 +46,12 @@ def _check_dtypes(seen: dict, dtype: str, run) -> None:
     """The port's outputs are in the precision asked, or a PortDtypeError names the first layer that is not."""
     torch_order = [n for n, _ in run.sides["ref"][0].named_modules() if n in run.layer_paths]
     layer_paths = run.layer_paths
-    def wrong(value) -> str | None:
-        kind = np.dtype(getattr(value, "dtype", np.float64))
-        return str(kind) if np.issubdtype(kind, np.floating) and kind != np.dtype(dtype) else None
+    def wrong(value) -> str | None:  # read off the arrays the port returned (a Python number has no dtype of its own)
+        for leaf in jax.tree_util.tree_leaves(value):
+            kind = np.dtype(getattr(leaf, "dtype", np.dtype(dtype)))
+            if np.issubdtype(kind, np.floating) and kind != np.dtype(dtype):
+                return str(kind)
+        return None
 
     places = [(name or "(model)", seen["layers"].get(layer_paths[name])) for name in torch_order]
     places.append(("its output", seen["output"]))

@@ -153,15 +153,38 @@ def _flax_modules(tree: dict, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[
 
 
 def _torch_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, dict[str, torch.Tensor]]]:
-    """(name, module, its own tensors) of every module holding parameters or float buffers, in definition order."""
+    """(name, module, its own tensors) of every module holding parameters or float buffers, in definition order; a
+    tensor met before (a tied weight: GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``) is left out where it
+    is met again (see :func:`tied_tensors`)."""
     out = []
+    seen: set[int] = set()
     for name, module in model.named_modules():
         own = {k: v for k, v in module.named_parameters(recurse=False)}
         persistent = {k: v for k, v in module.named_buffers(recurse=False) if k not in module._non_persistent_buffers_set}
         own.update({k: v for k, v in persistent.items() if v is not None and v.is_floating_point()})
+        own = {k: v for k, v in own.items() if id(v) not in seen}
+        seen.update(id(v) for v in own.values())
         if own:
             out.append((name, module, own))
     return out
+
+
+def tied_tensors(model: torch.nn.Module) -> dict[str, str]:
+    """{a tied tensor's later name: the name it is paired under}, in definition order: one tensor used by several
+    modules (PyTorch's ``named_parameters`` lists it once, under its first name). It pairs once with the port, and its
+    gradient on both sides is the sum over its uses."""
+    first: dict[int, str] = {}
+    tied = {}
+    for module_name, module in model.named_modules():
+        for key, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if tensor is None:
+                continue
+            name = f"{module_name}.{key}" if module_name else key
+            if id(tensor) in first:
+                tied[name] = first[id(tensor)]
+            else:
+                first[id(tensor)] = name
+    return tied
 
 
 def _describe(name: str, module: torch.nn.Module, tensors: dict) -> str:

@@ -52,6 +52,10 @@ class Report:
     allow_precision: bool = False  # precision findings alone exit 0 (the CLI's --allow-precision)
     hints: dict = dataclasses.field(default_factory=dict)  # (stage, name) of a divergence → a known cause, in words
     memory: Any = None  # the check's resident memory phase by phase (a .memory.Phases)
+    notes: list[str] = dataclasses.field(default_factory=list)  # what the check could not do as it does, in words
+    tied: dict = dataclasses.field(default_factory=dict)  # PyTorch's tied tensors: a later name → the name paired
+    converted: Any = None  # check_port(..., export=True): the port as its API keeps it, holding PyTorch's weights
+    train: bool = True  # the spec's TRAIN: the mode both models ran in
 
     @property
     def first_divergence(self) -> Row | None:
@@ -204,7 +208,7 @@ class Report:
                 "exit_status": self.exit_status(), "api": self.api,
                 "programs": list(self.programs), "build": self.build, "only_in": self.only_in,
                 "layers": self.layers, "uncaptured_layers": self.uncaptured, "steps": self.steps,
-                "carried_state": self.carried,
+                "carried_state": self.carried, "notes": self.notes, "tied": self.tied,
                 "transfer": [dataclasses.asdict(p) for p in self.pairings], "rows": rows(self.rows),
                 "other_program_rows": rows(self.other_rows),
                 "first_divergence": None if self.first_divergence is None else dataclasses.asdict(self.first_divergence),
@@ -233,11 +237,15 @@ class Report:
                   self._coverage()]
         if self._state_line():
             lines.append(self._state_line())
+        lines += [f"Note: {note}" for note in self.notes]
         lines += ["", "Weight transfer (PyTorch → port):"]
         width_torch = max([len(p.torch_key) for p in self.pairings] + [8])
         width_jax = max([len(p.jax_name) for p in self.pairings] + [8])
         for p in self.pairings:
             lines.append(f"  {p.torch_key:<{width_torch}}  →  {p.jax_name:<{width_jax}}  {p.transform}")
+        for later, first in self.tied.items():
+            lines.append(f"  {later:<{width_torch}}  =  {first} (tied: one tensor, paired once; its gradient is the sum "
+                         "over its uses)")
         lines += ["", f"Criterion: {self.criterion()}", ""]
         width_stage = max([len(r.stage) for r in self.rows] + [5])
         width_name = max([len(r.name) for r in self.rows] + [8])

@@ -45,6 +45,7 @@ class Spec:
     jax_params: Callable[[], Any] | None = None
     jax_state: Callable[[], Any] | None = None
     train: bool = True
+    output: str | int | None = None  # OUTPUT: the field (attribute or key) or index of both models' outputs compared
     per_sample: bool = False
     batch_axis: str = "batch"
     name: str = "spec"
@@ -52,7 +53,39 @@ class Spec:
 
 REQUIRED = ("torch_model", "example_inputs")
 PAIRS = (("torch_loss", "jax_loss"), ("torch_optimizer", "jax_optimizer"))
-CONSTANTS = {"TRAIN": "train", "PER_SAMPLE": "per_sample", "BATCH_AXIS": "batch_axis"}
+CONSTANTS = {"TRAIN": "train", "PER_SAMPLE": "per_sample", "BATCH_AXIS": "batch_axis", "OUTPUT": "output"}
+
+
+def _fields_of(value) -> list[str]:
+    if isinstance(value, dict):
+        return [str(k) for k in value]
+    if dataclasses.is_dataclass(value):
+        return [f.name for f in dataclasses.fields(value)]
+    return [k for k in vars(value) if not k.startswith("_")] if hasattr(value, "__dict__") else []
+
+
+def select_output(output, field: str | int | None, side: str):
+    """The model's output as compared: ``output`` itself when ``field`` is None, else its field ``field`` (a key of a
+    dict, an attribute of an object such as Hugging Face's ``ModelOutput`` or a dataclass, or an index of a tuple).
+    An output that is not an array (nor a number) without ``OUTPUT`` is a :class:`SpecError` naming its fields."""
+    if field is not None:
+        try:
+            if isinstance(field, int) and not isinstance(field, bool):
+                return output[field]
+            if isinstance(output, dict) or (hasattr(output, "keys") and not hasattr(output, field)):
+                return output[field]
+            return getattr(output, field)
+        except (KeyError, IndexError, AttributeError, TypeError) as error:
+            fields = _fields_of(output)
+            raise SpecError(f"{side} returns a {type(output).__name__}, which has no field {field!r} (OUTPUT)"
+                            + (f"; its fields: {', '.join(fields)}" if fields else "")) from error
+    if hasattr(output, "shape") and hasattr(output, "dtype") or isinstance(output, (int, float)):
+        return output
+    fields = _fields_of(output)
+    kind = type(output).__name__
+    example = fields[0] if fields else (0 if isinstance(output, (tuple, list)) else "logits")
+    raise SpecError(f"{side} returns a {kind}, not an array: name the field compared, in the spec, "
+                    f"OUTPUT = {example!r} (for both models)" + (f"; its fields: {', '.join(fields)}" if fields else ""))
 
 
 def _check_param_map(param_map) -> None:
@@ -119,3 +152,28 @@ def load_spec(path: str | Path) -> Spec:
     return spec
 
 
+def _described(value) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{tuple(shape)} {getattr(value, 'dtype', '')}".strip()
+    return type(value).__name__
+
+
+def call_loss(loss, which: str, output, inputs: tuple, targets: tuple):
+    """The spec's ``torch_loss``/``jax_loss`` called as ``loss(output, *inputs, *targets)`` (the output as compared,
+    after ``OUTPUT``; the inputs as that framework's model takes them: on the JAX side, what ``to_jax`` made of
+    them); a loss that fails, or returns more than one number, is a :class:`SpecError` that says what it was given."""
+    given = (f"{which}(output, *inputs, *targets) with output {_described(output)}, inputs "
+             f"[{', '.join(_described(x) for x in inputs)}], targets [{', '.join(_described(t) for t in targets)}]")
+    try:
+        value = loss(output, *inputs, *targets)
+    except SpecError:
+        raise
+    except Exception as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise SpecError(f"{which} failed: {type(error).__name__}: {message}; check-port called {given}") from error
+    size = getattr(value, "size", None)
+    size = size() if callable(size) else size  # a torch.Tensor's size() is its shape
+    if getattr(value, "shape", ()) not in ((), (1,)) and size != 1:
+        raise SpecError(f"{which} returned {_described(value)}, not one number; check-port called {given}")
+    return value

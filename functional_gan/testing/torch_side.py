@@ -3,11 +3,13 @@ every paired layer's output recorded, and PyTorch's optimizer fed the port's gra
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
 from .pairing import Pairing, torch_in_flax_layout
-from .spec import Spec
+from .spec import Spec, call_loss, select_output
 
 
 def _torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
@@ -76,12 +78,12 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
         optimizer.zero_grad()
     else:  # a model run without its optimizer (or a spec without one) starts from no gradients all the same
         model.zero_grad(set_to_none=True)
-    output = model(*tensors)
+    output = select_output(model(*tensors), spec.output, "PyTorch's model")
     for h in handles:
         h.remove()
     seen = {"layers": outputs if sink is None else {}, "output": unpermute(output.detach().double().cpu().numpy().copy())}
     if spec.torch_loss is not None:
-        loss = spec.torch_loss(output, *tensors, *target_tensors)
+        loss = call_loss(spec.torch_loss, "torch_loss", output, tensors, target_tensors)
         seen["loss"] = float(loss.detach())
         loss.backward()
         if optimizer is not None:
@@ -105,11 +107,27 @@ def step_with_gradients(model: torch.nn.Module, optimizer, gradients: dict[str, 
     return model
 
 
+class _Gradients(Mapping):
+    """The port's gradients in PyTorch's layout, by PyTorch name, each converted when it is read (not all at once)."""
+
+    def __init__(self, pairings: list[Pairing], jax_grads):
+        self.pairings = {p.torch_key: p for p in pairings if p.collection == "params"}
+        self.jax_grads = jax_grads
+
+    def __getitem__(self, name):
+        p = self.pairings[name]
+        return p.to_torch(np.asarray(p.leaf(self.jax_grads), np.float64))
+
+    def __iter__(self):
+        return iter(self.pairings)
+
+    def __len__(self):
+        return len(self.pairings)
+
+
 def _fed_update(model, optimizer, start: dict, pairings: list[Pairing], jax_grads) -> dict[str, np.ndarray]:
     """PyTorch's optimizer step from ``start`` with the port's gradients; the parameters after it in the port's layout."""
-    gradients = {p.torch_key: p.to_torch(np.asarray(p.leaf(jax_grads), np.float64))
-                 for p in pairings if p.collection == "params"}
-    step_with_gradients(model, optimizer, gradients, start)
+    step_with_gradients(model, optimizer, _Gradients(pairings, jax_grads), start)
     return torch_in_flax_layout(model, pairings)
 
 

@@ -1,0 +1,362 @@
+"""check-port at the size and shape of real models: what it holds while it checks, and what a transformer port needs
+(output objects, near-zero gradients under Adam, a port that fixes its own dtype, broadcast-equal arrays, Linen's
+``deterministic``, what the losses receive).
+
+Each test builds a small PyTorch model and a port whose only difference (if any) is the one under test.
+"""
+
+import dataclasses
+
+import flax.linen as fnn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+
+from functional_gan import testing
+from functional_gan.main import main
+from tests.helpers import assert_agrees
+
+
+class _Attention(torch.nn.Module):
+    """One attention head without a mask: softmax ignores the key's bias (it shifts every logit of a row by the same
+    amount), so that bias's gradient is zero but for rounding."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        att = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2) / 8 ** 0.5, dim=-1)
+        return att @ self.v(x)
+
+
+class _LinenAttention(fnn.Module):
+    dtype: object = None  # Flax's own default; jnp.float32 fixes the dtype the port computes in
+
+    @fnn.compact
+    def __call__(self, x):
+        q, k, v = (fnn.Dense(8, dtype=self.dtype)(x) for _ in range(3))
+        att = jax.nn.softmax(q @ jnp.swapaxes(k, 1, 2) / 8 ** 0.5, axis=-1)
+        return att @ v
+
+
+def _scale_update_of(leaf: str, factor: float) -> optax.GradientTransformation:
+    """A planted mistake: one parameter's update ``factor`` times what Adam computed."""
+    def update(updates, state, params=None):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, u: u * factor if jax.tree_util.keystr(path) == leaf else u, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def _attention_spec(factor: float = 1.0, **changes) -> testing.Spec:
+    spec = testing.Spec(
+        _Attention, jax_model=_LinenAttention,
+        example_inputs=lambda: (np.random.default_rng(0).normal(size=(4, 6, 8)).astype(np.float32),),
+        example_targets=lambda: (np.random.default_rng(1).normal(size=(4, 6, 8)).astype(np.float32),),
+        to_jax=lambda *a: a, from_jax=np.asarray,  # (batch, tokens, features) on both sides
+        torch_loss=lambda o, x, t: torch.mean((o - t) ** 2), jax_loss=lambda o, x, t: jnp.mean((o - t) ** 2),
+        torch_optimizer=lambda p: torch.optim.Adam(p, lr=1e-3),
+        jax_optimizer=lambda: optax.chain(optax.adam(1e-3), _scale_update_of("['Dense_1']['bias']", factor)))
+    return dataclasses.replace(spec, **changes)
+
+
+# --- what the check holds ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_pytorch_side_builds_one_model_per_role_not_one_per_run(dtype):
+    """Besides the pairing's first build: the float64 reference and a working model per dtype that every other run
+    and every optimizer fed the port's gradients loads its start into (float32: one of each dtype; float64: one, and
+    one in other memory layouts). Before, each run and each optimizer had a model of its own: 9 for a check of two
+    programs, in either dtype."""
+    built = []
+
+    def counted():
+        built.append(1)
+        return _Attention()
+
+    report = testing.check_port(_attention_spec(torch_model=counted), dtype, steps=2)
+    assert report.exit_status() == 0, report.format()
+    assert len(built) == 1 + 3
+
+
+def test_memory_phases_are_reported_on_request(capsys, tmp_path, monkeypatch):
+    (tmp_path / "spec.py").write_text(
+        "import numpy as np, torch, flax.linen as fnn\n"
+        "torch_model = lambda: torch.nn.Linear(5, 3)\n"
+        "jax_model = lambda: fnn.Dense(3)\n"
+        "def example_inputs():\n    return (np.ones((2, 5), np.float32),)\n")
+    assert main(["check-port", str(tmp_path / "spec.py"), "--memory"]) == 0
+    out = capsys.readouterr().out
+    assert "Memory (resident, GiB; the process's peak" in out
+    for phase in ("PyTorch models built, port paired", "PyTorch's runs", "the port, eager",
+                  "the port in float64 (eager)", "rows of jit"):
+        assert phase in out
+    report = testing.check_port(testing.load_spec(tmp_path / "spec.py"))
+    assert report.memory.peak >= max(m.resident or 0 for m in report.memory.marks) > 0
+
+
+# --- near-zero gradients under Adam ---------------------------------------------------------------------------------
+
+
+def test_a_wrong_update_where_the_true_gradient_is_zero_is_a_divergence_not_rounding():
+    """The key bias's gradient is 0 in exact arithmetic (PyTorch64: below 1e-17), rounding in float32 (about 1e-9); Adam
+    makes steps of the learning rate's size of both. Its update stage's float32 error is measured from the same
+    gradients (the port's optimizer in float64 fed the float32 gradients), so a 1% error in that one update is a
+    divergence, named there; the same port without it agrees."""
+    correct = testing.check_port(_attention_spec(), steps=2)
+    assert_agrees(correct)
+    gradient = next(r for r in correct.rows if r.stage == "step 1: gradient" and r.name == "k.bias")
+    assert gradient.scale < 1e-15 and abs(gradient.jax_value) > 1e-12  # zero but for rounding, and float32's is larger
+    update = next(r for r in correct.rows if r.stage == "step 1: update" and r.name == "k.bias")
+    assert update.jax_noise < update.allowed  # the update's own float32 error, from the same gradients, is small
+
+    wrong = testing.check_port(_attention_spec(1.01), steps=2)
+    first = wrong.first_divergence
+    assert (first.stage, first.name) == ("step 1: update", "k.bias"), wrong.format()
+    assert first.twin_error > first.allowed  # the float64 twin from the same gradients is wrong too: the mathematics
+    assert wrong.exit_status() == 1
+
+
+# --- output objects -------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _TorchOutput:
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class _ReturnsObject(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        return _TorchOutput(logits=self.fc(x), hidden=x)
+
+
+class _LinenReturnsDict(fnn.Module):
+    @fnn.compact
+    def __call__(self, x):
+        return {"hidden": x, "logits": fnn.Dense(3)(x)}
+
+
+def _object_spec(**changes) -> testing.Spec:
+    spec = testing.Spec(
+        _ReturnsObject, jax_model=_LinenReturnsDict,
+        example_inputs=lambda: (np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32),),
+        example_targets=lambda: (np.random.default_rng(1).normal(size=(4, 3)).astype(np.float32),),
+        torch_loss=lambda o, x, t: torch.mean((o - t) ** 2), jax_loss=lambda o, x, t: jnp.mean((o - t) ** 2),
+        torch_optimizer=lambda p: torch.optim.SGD(p, lr=0.1), jax_optimizer=lambda: optax.sgd(0.1))
+    return dataclasses.replace(spec, **changes)
+
+
+def test_output_names_the_field_of_both_sides_output_objects():
+    """PyTorch's model returns a dataclass (as Hugging Face's ModelOutput), the port a dict: OUTPUT = "logits" picks
+    the field compared on both sides, and the losses receive it."""
+    assert_agrees(testing.check_port(_object_spec(output="logits")))
+    assert_agrees(testing.assert_port(torch_model=_ReturnsObject, jax_model=_LinenReturnsDict, OUTPUT="logits",
+                                      example_inputs=lambda: (np.ones((2, 5), np.float32),)))
+
+
+def test_an_output_object_without_output_is_one_line_naming_its_fields(tmp_path, capsys):
+    with pytest.raises(testing.SpecError, match=r"PyTorch's model returns a _TorchOutput, not an array: name the field "
+                                                r"compared, in the spec, OUTPUT = 'logits' .*its fields: logits, hidden"):
+        testing.check_port(_object_spec())
+    with pytest.raises(testing.SpecError, match=r"has no field 'scores' \(OUTPUT\); its fields: logits, hidden"):
+        testing.check_port(_object_spec(output="scores"))
+    (tmp_path / "spec.py").write_text(
+        "import numpy as np\nfrom tests.test_check_port_models import _ReturnsObject as torch_model, "
+        "_LinenReturnsDict as jax_model\n"
+        "def example_inputs():\n    return (np.ones((2, 5), np.float32),)\n")
+    assert main(["check-port", str(tmp_path / "spec.py")]) == 2
+    err = capsys.readouterr().err
+    assert "OUTPUT = 'logits'" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# --- the port's dtype -----------------------------------------------------------------------------------------------
+
+
+def test_the_dtype_check_reads_the_ports_own_output_not_what_from_jax_makes_of_it():
+    assert_agrees(testing.check_port(_attention_spec(from_jax=lambda y: np.asarray(y, np.float64))))
+
+
+def test_a_port_that_fixes_its_dtype_to_float32_is_said_to_have_no_float64_twin():
+    """Flax's Dense(dtype=jnp.float32) computes in float32 whatever its inputs: run "in float64" it is still float32,
+    and JAX's own float32 error would read 0. The report says so, and no row is called precision."""
+    report = testing.check_port(_attention_spec(jax_model=lambda: _LinenAttention(dtype=jnp.float32)))
+    assert any("the port run in float64 computes in float32" in note for note in report.notes), report.notes
+    assert "Note: the port run in float64 computes in float32" in report.format()
+    assert all(r.jax_noise is None for r in report.rows if r.stage != "update")
+    assert not report.precision_findings
+
+
+# --- arrays that broadcast to each other ----------------------------------------------------------------------------
+
+
+class _Positions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wpe = torch.nn.Embedding(6, 4)
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x):  # (batch, tokens, 4)
+        return self.fc(x + self.wpe(torch.arange(x.shape[1])[None]))  # positions (1, tokens), as nanoGPT's
+
+
+class _LinenPositions(fnn.Module):
+    mistake: bool = False  # a planted mistake: the second sample's positions reversed
+
+    @fnn.compact
+    def __call__(self, x):
+        positions = jnp.broadcast_to(jnp.arange(x.shape[1])[None], x.shape[:2])  # (batch, tokens), as HF's Flax GPT-2
+        if self.mistake:
+            positions = positions.at[1].set(positions[1, ::-1])
+        return fnn.Dense(2)(x + fnn.Embed(6, 4)(positions))
+
+
+def test_layer_outputs_that_differ_by_a_broadcast_axis_are_compared_broadcast_with_a_note():
+    def spec(mistake):
+        return testing.Spec(_Positions, jax_model=lambda: _LinenPositions(mistake),
+                            example_inputs=lambda: (np.random.default_rng(0).normal(size=(3, 6, 4)).astype(np.float32),),
+                            to_jax=lambda *a: a, from_jax=np.asarray)
+
+    report = testing.check_port(spec(False))
+    assert_agrees(report)
+    assert any(r.stage == "forward" and r.name == "wpe" for r in report.rows)
+    assert ("forward, wpe: the port's (3, 6, 4) and PyTorch's (1, 6, 4) differ by axes of length 1; compared broadcast "
+            "to (3, 6, 4)") in report.notes
+    wrong = testing.check_port(spec(True))  # one sample's positions differ: broadcast, it is seen
+    assert (wrong.first_divergence.stage, wrong.first_divergence.name) == ("forward", "wpe")
+
+
+# --- TRAIN reaches a Linen module's mode ----------------------------------------------------------------------------
+
+
+class _DropoutNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(5, 3)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.fc(x))
+
+
+class _LinenDropoutArgument(fnn.Module):
+    @fnn.compact
+    def __call__(self, x, deterministic: bool):  # required: Flax's own examples pass it at each call
+        return fnn.Dropout(0.5)(fnn.Dense(3)(x), deterministic=deterministic)
+
+
+class _LinenDropoutField(fnn.Module):
+    train: bool = True
+
+    @fnn.compact
+    def __call__(self, x):
+        return fnn.Dropout(0.5, deterministic=not self.train)(fnn.Dense(3)(x))
+
+
+@pytest.mark.parametrize("port", [_LinenDropoutArgument, _LinenDropoutField])
+def test_train_false_reaches_a_linen_modules_deterministic_argument_or_train_field(port):
+    assert_agrees(testing.check_port(testing.Spec(
+        _DropoutNet, jax_model=port, train=False,
+        example_inputs=lambda: (np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32),),
+        example_targets=lambda: (np.random.default_rng(1).normal(size=(4, 3)).astype(np.float32),),
+        torch_loss=lambda o, x, t: torch.mean((o - t) ** 2), jax_loss=lambda o, x, t: jnp.mean((o - t) ** 2))))
+
+
+# --- what the losses receive ----------------------------------------------------------------------------------------
+
+
+def test_a_loss_that_fails_says_what_check_port_passed_it():
+    with pytest.raises(testing.SpecError, match=re_escape(
+            "<lambda>() takes 2 positional arguments but 3 were given; check-port called "
+            "jax_loss(output, *inputs, *targets) with output (4, 6, 8) float32, inputs [(4, 6, 8) float32], "
+            "targets [(4, 6, 8) float32]") + "$"):
+        testing.check_port(_attention_spec(jax_loss=lambda o, t: jnp.mean((o - t) ** 2)))
+    with pytest.raises(testing.SpecError, match=re_escape("torch_loss returned (4, 6, 8) torch.float64, not one number")):
+        testing.check_port(_attention_spec(torch_loss=lambda o, x, t: (o - t) ** 2))
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+# --- tied weights ---------------------------------------------------------------------------------------------------
+
+
+class _TiedLM(torch.nn.Module):
+    """GPT-2's tying: the output layer's weight is the token embedding (nanoGPT: ``self.transformer.wte.weight =
+    self.lm_head.weight``); the model returns an object, as Hugging Face's models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = torch.nn.Embedding(11, 8)
+        self.mix = torch.nn.Linear(8, 8)
+        self.lm_head = torch.nn.Linear(8, 11, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx):
+        return {"logits": self.lm_head(torch.tanh(self.mix(self.wte(idx))))}
+
+
+class _LinenTiedLM(fnn.Module):
+    @fnn.compact
+    def __call__(self, idx):
+        wte = fnn.Embed(11, 8)
+        return _JaxOutput(logits=wte.attend(jnp.tanh(fnn.Dense(8)(wte(idx)))))  # the embedding's transpose, as HF's
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _JaxOutput:
+    logits: jax.Array
+
+
+def _cross_entropy_torch(logits, idx, targets):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1))
+
+
+def _cross_entropy_jax(logits, idx, targets):
+    return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, 11), targets.reshape(-1)).mean()
+
+
+def test_a_tied_embedding_pairs_once_and_its_gradient_sums_over_its_uses():
+    spec = testing.Spec(
+        _TiedLM, jax_model=_LinenTiedLM, output="logits",
+        example_inputs=lambda: (np.random.default_rng(0).integers(0, 11, (3, 5)),),
+        example_targets=lambda: (np.random.default_rng(1).integers(0, 11, (3, 5)),),
+        to_jax=lambda *a: a, from_jax=np.asarray, torch_loss=_cross_entropy_torch, jax_loss=_cross_entropy_jax,
+        torch_optimizer=lambda p: torch.optim.SGD(p, lr=0.5), jax_optimizer=lambda: optax.sgd(0.5))
+    for dtype in ("float32", "float64"):
+        report = testing.check_port(spec, dtype, steps=2)
+        assert_agrees(report)
+        assert report.tied == {"lm_head.weight": "wte.weight"}
+        assert "lm_head.weight  =  wte.weight (tied: one tensor, paired once" in report.format()
+        assert [p.torch_key for p in report.pairings] == ["wte.weight", "mix.weight", "mix.bias"]
+        gradient = next(r for r in report.rows if r.stage == "step 1: gradient" and r.name == "wte.weight")
+        assert gradient.passed  # the sum over both uses: the embedding's and the output layer's
+
+
+# --- the benchmark of check-port's size -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_memory_benchmark_measures_a_check_in_a_process_of_its_own(tmp_path):
+    from functional_gan.benchmarks import check_port_memory
+
+    assert check_port_memory.main(["--quick", "--out", str(tmp_path)]) == 0
+    results = __import__("json").loads((tmp_path / "check-port-memory.json").read_text())["results"]
+    (result,) = results
+    assert result["exit_status"] == 0 and result["quantities"] == 22
+    assert 0.3 < result["peak_gib"] < 8  # imports alone are 0.4 GiB; the MNIST check measured 1.0
+    assert "rows of jit" in result["phases"]
+    assert "| mnist_cnn_nnx.py | both programs | 22 | 0 |" in (tmp_path / "check-port-memory.md").read_text()
