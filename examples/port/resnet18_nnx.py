@@ -69,7 +69,8 @@ class ResNet18(nn.Module):
 
 
 class TorchBatchNorm(nnx.Module):
-    """BatchNorm2d as PyTorch computes it in train mode, on NHWC activations."""
+    """BatchNorm2d as PyTorch computes it, on NHWC activations: in train mode from the batch, updating the running
+    statistics; in eval mode (``model.eval()`` sets ``use_running_average``, as on NNX's own norms) from them."""
 
     def __init__(self, features, mistake=None):
         self.scale = nnx.Param(jnp.ones(features))
@@ -79,8 +80,11 @@ class TorchBatchNorm(nnx.Module):
         # nnx.BatchNorm's momentum=0.9 (Flax's meaning) passed where PyTorch means 0.1
         self.momentum = 0.9 if mistake == "bn-momentum" else 0.1
         self.mistake = mistake
+        self.use_running_average = False
 
     def __call__(self, x):
+        if self.use_running_average:
+            return (x - self.mean[...]) / jnp.sqrt(self.var[...] + 1e-5) * self.scale[...] + self.bias[...]
         mean, var = x.mean(axis=(0, 1, 2)), x.var(axis=(0, 1, 2))
         n = x.size / x.shape[-1]
         unbiased = var if self.mistake == "bn-biased-var" else var * n / (n - 1)

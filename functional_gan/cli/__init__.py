@@ -27,12 +27,12 @@ from functional_gan.errors import UserError
 # In the order --help lists them.
 COMMANDS = (train.add_train, runs.add_sample, runs.add_export, lessons.add_linreg, lessons.add_lessons,
             lessons.add_notebooks, lessons.add_graph, checks.add_replay, checks.add_diverge, checks.add_check_port,
-            checks.add_compare, bench.add_bench, lessons.add_docs)
+            checks.add_convert, checks.add_compare, bench.add_bench, lessons.add_docs)
 
 # Commands that compile JAX programs and gain from the persistent compilation cache (``bench`` measures
 # compilation, so it compiles afresh).
 CACHED_COMMANDS = ("train", "sample", "export", "linreg", "lessons", "notebooks", "graph", "replay", "diverge", "check-port",
-                   "compare", "docs")
+                   "convert", "compare", "docs")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

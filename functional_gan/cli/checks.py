@@ -101,6 +101,14 @@ def add_check_port(subparsers) -> None:
     p.add_argument("--memory", action="store_true",
                    help="after the report, the process's resident memory at the end of each phase of the check and its "
                         "peak (Linux: /proc/self/status)")
+    p.add_argument("--weights", metavar="FILE",
+                   help="a state_dict for torch_model() (.pt/.pth, read with torch.load(weights_only=True), or "
+                        ".safetensors) instead of its seeded initialisation")
+    p.add_argument("--save", metavar="DIR",
+                   help="when the port agrees (exit status 0), write PyTorch's weights as the port holds them into DIR, "
+                        "in the port's API's own format, with converted.json (see the convert command; that command "
+                        "checks in eval mode, the compiled program, before it writes)")
+    p.add_argument("--overwrite", action="store_true", help="with --save: replace a DIR that is not empty")
 
 
 def run_check_port(args) -> int:
@@ -109,7 +117,8 @@ def run_check_port(args) -> int:
     Loads SPEC.py: torch_model(), example_inputs(), and the port: jax_model() returning a Flax Linen module, a Flax
     NNX module or an Equinox module (PER_SAMPLE = True for one that acts on one sample), or jax_params() with
     jax_apply(params, *inputs); optionally example_targets(), to_jax/from_jax, param_map, torch_loss/jax_loss,
-    torch_optimizer/jax_optimizer, TRAIN. Moves the PyTorch weights into the port and compares, in debugging order,
+    torch_optimizer/jax_optimizer (each loss called as loss(output, *inputs, *targets)), TRAIN, and OUTPUT (the field
+    compared, on both sides, of a model that returns an object: OUTPUT = "logits"). Moves the PyTorch weights into the port and compares, in debugging order,
     each layer's output, the output, the loss, every gradient, every parameter after one optimizer step and every
     buffer, for --steps steps (each from PyTorch's parameters and the port's own state after its previous step). The
     port runs compiled with jax.jit (as training runs it; judged) and op by op; a difference in one of them alone is
@@ -128,16 +137,83 @@ def run_check_port(args) -> int:
     for target in (args.json, args.markdown):  # an unusable folder fails now, before the port is checked
         if target:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
-    report = port.check_port(port.load_spec(args.spec), args.dtype, args.steps, args.k, programs=programs)
+    spec = port.load_spec(args.spec)
+    converting = port_convert() if (args.weights or args.save) else None
+    if args.save:  # refused now, before the check, rather than after it
+        converting.refuse_existing(args.save, args.overwrite)
+    state = converting.read_weights(args.weights, spec.torch_model()) if args.weights else None
+    report = port.check_port(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state,
+                             export=bool(args.save))
     report.allow_precision = args.allow_precision
     print(report.format())
     if args.memory:
         print("\n" + report.memory.format())
+    if args.save:
+        if report.exit_status() == 0:
+            written = converting.write_converted(args.save, report.api, report.converted,
+                                                 converting.record_of(report, spec, args.weights), args.overwrite)
+            print(f"\nWrote the port's weights to {written} ({report.api}; read them with "
+                  "functional_gan.testing.load_converted)")
+        else:
+            print(f"\nNothing written to {args.save}: the port does not agree with PyTorch.")
     for flag, text in ((args.json, lambda: json.dumps(report.to_json(), indent=1, default=float) + "\n"),
                        (args.markdown, lambda: report.format(markdown=True))):
         if flag:
             Path(flag).write_text(text())
     return report.exit_status()
+
+
+def port_convert():
+    """functional_gan.testing.convert, with the torch extra's check."""
+    torch_side("functional_gan.testing", "convert")
+    from functional_gan.testing import convert
+
+    return convert
+
+
+def add_convert(subparsers) -> None:
+    p = command(subparsers, run_convert)
+    p.add_argument("spec", metavar="SPEC.py", help="the check-port spec of the model and its port")
+    p.add_argument("--weights", required=True, metavar="FILE",
+                   help="the PyTorch state_dict: .pt/.pth (torch.load(weights_only=True): a pickle carrying code is "
+                        "refused) or .safetensors")
+    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write (refused if it exists and is not "
+                                                                  "empty, unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it is not empty (only by a complete folder)")
+    p.add_argument("--k", type=float, default=3.0, help="the port may be this many times PyTorch's own float32 error")
+    p.add_argument("--allow-precision", action="store_true",
+                   help="write also when the only findings are of precision (see check-port)")
+
+
+def run_convert(args) -> int:
+    """Convert a PyTorch state_dict into a JAX port's weights, written only if the port is checked to agree.
+
+    Reads --weights into the spec's torch_model() (every missing or unexpected key and every shape that differs
+    named), moves them into the port with check-port's pairing, checks the port on the spec's example inputs in eval
+    mode (TRAIN = False), float32, compiled with jax.jit: every paired layer's output and the output within k times
+    PyTorch's own float32 error. Only if it agrees, writes into --out the port's weights in its API's own format (an
+    orbax checkpoint of the Linen variables or of the NNX state, eqx.tree_serialise_leaves of the Equinox (model,
+    state), safetensors for a plain parameter tree) and converted.json (the pairing, the verdict and its worst ratio,
+    the versions, every file's SHA-256), into a temporary folder renamed into place when complete. Read them back with
+    functional_gan.testing.load_converted(DIR, template). Exit status 0: written; 1: the port diverges, nothing written
+    (the first divergence named); 2: weights or a spec it cannot use; 3: precision findings only, nothing written
+    (written with --allow-precision).
+    """
+    convert = port_convert()
+    from functional_gan.testing import load_spec
+
+    if not args.k > 0:
+        raise UserError(f"--k must be positive, got {args.k}")
+    report, written = convert.convert(load_spec(args.spec), args.weights, args.out, args.overwrite, args.k,
+                                      args.allow_precision)
+    print("\n".join(report.summary()))
+    print("\n" + report.verdict())
+    if written is None:
+        print(f"\nNothing written to {args.out}.")
+        return report.exit_status()
+    print(f"\nWrote {written}: the port's weights ({report.api}) and {convert.MANIFEST}; read them with "
+          f"functional_gan.testing.load_converted({str(written)!r}, template).")
+    return 0
 
 
 def add_compare(subparsers) -> None:

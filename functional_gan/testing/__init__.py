@@ -12,16 +12,33 @@ The way ``numpy.testing`` and ``torch.testing`` read. The pieces, one concern ea
 * :mod:`.apis`: the port's API (Flax Linen, Flax NNX, Equinox, plain functions) seen as one form; :func:`tap`;
 * :mod:`.torch_side` and :mod:`.jax_side`: one step of each framework;
 * :mod:`.check`: the check itself (:func:`check_port`, :func:`assert_port`);
-* :mod:`.report`: its rows, verdict and forms (text, Markdown, JSON).
+* :mod:`.report`: its rows, verdict and forms (text, Markdown, JSON);
+* :mod:`.convert`: a PyTorch ``state_dict`` converted into the port's weights, checked first
+  (:func:`.convert.convert`), and read back (:func:`load_converted`);
+* :mod:`.memory`: the check's resident memory phase by phase.
 
-Needs the torch extra (and equinox for Equinox ports); :mod:`.apis` alone imports no PyTorch.
+Needs the torch extra (and equinox for Equinox ports), except :func:`load_converted` and :func:`tap`: the names are
+imported when first used, so that reading converted weights back needs no PyTorch.
 """
 
-from .apis import tap
-from .check import PERMUTED_RUNS, assert_port, check_port
-from .pairing import Pairing, transfer
-from .report import PROGRAMS, Report
-from .spec import PortDtypeError, Spec, SpecError, load_spec, spec_from_module
+import importlib
+
+_WHERE = {"tap": "apis", "PERMUTED_RUNS": "check", "assert_port": "check", "check_port": "check",
+          "Pairing": "pairing", "transfer": "pairing", "PROGRAMS": "report", "Report": "report",
+          "PortDtypeError": "spec", "Spec": "spec", "SpecError": "spec", "load_spec": "spec",
+          "spec_from_module": "spec", "load_converted": "convert", "ConvertError": "convert"}
 
 __all__ = ["assert_port", "check_port", "load_spec", "spec_from_module", "Spec", "SpecError", "PortDtypeError",
-           "Report", "Pairing", "transfer", "tap", "PROGRAMS", "PERMUTED_RUNS"]
+           "Report", "Pairing", "transfer", "tap", "PROGRAMS", "PERMUTED_RUNS", "load_converted", "ConvertError"]
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
