@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check for a machine with an accelerator (about 8 minutes on one GPU), from the repository root:
+# One prepared check for a machine with an accelerator (about 10 minutes on one GPU), from the repository root:
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU machine, after `pip install -e '.[test]'` with a CUDA jax
 #   DRY_RUN=1 bash benchmarks/gpu_check.sh  # on a CPU: the same steps at tiny sizes, to check the script itself
@@ -10,7 +10,10 @@
 #   2. `functional-gan bench` at batches 64 and 128: PyTorch eager, torch.compile and JAX, full float32
 #      (TF32 off), then again with --tf32 (both frameworks allowed TF32 inputs);
 #   3. the divergence finder in float32 at the tutorial's widths (every intermediate against PyTorch's own noise);
-#   4. a short training run on the built-in digits.
+#   4. a short training run on the built-in digits;
+#   5. a 300-iteration training run in JAX beside PyTorch's own tutorial loop (PyTorch on the CPU) on the same digits
+#      batches, noise and initial weights, their metrics side by side: a run where D wins early is judged against
+#      what PyTorch does on the same data.
 # and writes benchmarks/results/<device>.{json,md} (bench) and <device>-check.log (everything printed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,11 +37,11 @@ step() {  # step NAME SECONDS COMMAND...
 if [ "${DRY_RUN:-0}" = 1 ]; then  # a 2-core CPU: the same steps, tiny sizes, the tests given more time
     test_limit=900
     bench=(--batch-sizes 8 --scaling --repeats 1 --no-torch-compile --no-layers --no-startup)
-    diverge_batch=2; train=(--steps 4 --batch-size 8 --image-size 32 --ngf 8 --ndf 8)
+    diverge_batch=2; train=(--steps 4 --batch-size 8 --image-size 32 --ngf 8 --ndf 8); beside=(--steps 4 --every 2)
 else
     test_limit=180
     bench=(--batch-sizes 64 128 --scaling --repeats 5 --no-startup)  # start-up is measured on the CPU machine
-    diverge_batch=64; train=(--steps 300 --batch-size 128 --image-size 64)
+    diverge_batch=64; train=(--steps 300 --batch-size 128 --image-size 64); beside=(--steps 300 --every 50)
 fi
 $PY -c "import jax; print('devices:', jax.devices())" | tee -a "$log"
 step "tests on the device" "$test_limit" $PY -m pytest -q -p no:cacheprovider tests/test_layers.py tests/test_models.py \
@@ -62,5 +65,6 @@ sys.exit(0 if found is None else 1)
 PYTHON
 step "train on the digits" 60 $PY -m functional_gan.main train --data digits --out "$OUT/.gpu-check-run" "${train[@]}" --no-progress
 rm -rf "$OUT/.gpu-check-run"
+step "300 iterations beside PyTorch's tutorial loop" 240 $PY -m functional_gan.benchmarks.training_beside_pytorch "${beside[@]}"
 echo "gpu_check: $( [ $status -eq 0 ] && echo all steps passed || echo some step failed ), log in $log" | tee -a "$log"
 exit $status

@@ -53,7 +53,8 @@ def header_lines(ctx: Context) -> list[str]:
     return [
         f"JAX {v['jax']} on {ctx.backend} ({ctx.jax_device}); PyTorch {v['torch']} on {ctx.torch_device}, "
         f"{v['threads']} threads; CPU: {v['cpu']}",
-        f"XLA_FLAGS: {v['xla_flags'] or '(none)'}; transposed convolutions: {v['transposed_conv_form']} form",
+        f"XLA_FLAGS: {v['xla_flags'] or '(none)'}; transposed convolutions: {v['transposed_conv_form']} form; "
+        f"BatchNorm: {v.get('batchnorm_form', 'reductions')} form",
         f"float32, {'TF32 allowed on both sides (GPUs; no effect on CPUs)' if ctx.tf32 else 'TF32 off on both sides'}; "
         f"medians of {ctx.repeats} interleaved repeats after warm-up; compile time apart",
     ]

@@ -4,6 +4,7 @@ the command line's start-up. The layers come from the models themselves (:func:`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -88,11 +89,15 @@ def _jax_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray, scan_st
         "jax_scan": (jax.jit(lambda state, batches: jax.lax.scan(step, state, batches, unroll=True)), stacked),
         "nnx_split": (nnx_dcgan.make_train_step(config), real_NHWC),  # train --api nnx: the NNX step on the state
     }
+    # The same step with BatchNorm in its previous form (reductions, JAX's own backward): the A/B of this round's
+    # change, in the same run. The form is read when the step is traced.
+    programs["jax_jit_bn_reductions"] = (make_train_step(config), real_NHWC)
     runs, records = {}, {}
     for name, (program, data) in programs.items():
         state = init_state(config)
         start = time.perf_counter()
-        compiled = program.lower(state, data).compile()
+        with _batchnorm_form("reductions" if name.endswith("bn_reductions") else None):
+            compiled = program.lower(state, data).compile()
         compile_s = time.perf_counter() - start
         holder = {"state": state}
 
@@ -102,11 +107,29 @@ def _jax_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray, scan_st
 
         runs[name] = blocking(run)
         records[name] = dict(compile_s=compile_s, xla_flops=xla_flops(compiled), peak_memory_bytes=jax_memory(compiled))
+    records["jax_jit_bn_reductions"]["note"] = "the jitted step with BatchNorm as reductions (the form before)"
     # Per step: XLA's count for one step stands for the scan's too.
     records["jax_scan"].update(xla_flops=records["jax_jit"]["xla_flops"],
                                note=f"{scan_steps} steps per call (lax.scan, unrolled); time per step")
     runs["nnx_jit"], records["nnx_jit"] = _nnx_jit_step(config, real_NHWC)
     return runs, records
+
+
+@contextlib.contextmanager
+def _batchnorm_form(form: str | None):
+    """$FUNCTIONAL_GAN_BATCHNORM set to ``form`` while a program is traced (None: as it is)."""
+    from functional_gan.layers import BATCHNORM_FORM_ENV
+
+    before = os.environ.get(BATCHNORM_FORM_ENV)
+    if form is not None:
+        os.environ[BATCHNORM_FORM_ENV] = form
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(BATCHNORM_FORM_ENV, None)
+        else:
+            os.environ[BATCHNORM_FORM_ENV] = before
 
 
 def _nnx_jit_step(config: TrainConfig, real_NHWC: jax.Array):
@@ -403,6 +426,9 @@ def glue(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
         start = time.perf_counter()
         compiled = jax.jit(fwd_bwd).lower(variables["params"], x_j).compile()
         compile_s = time.perf_counter() - start
+        with _batchnorm_form("reductions"):  # the previous form, for the A/B in the same run (a function of its
+            # own: jit would reuse fwd_bwd's trace, made in the other form)
+            before = jax.jit(lambda p, a, f=fwd_bwd: f(p, a)).lower(variables["params"], x_j).compile()
         x_t = torch.tensor(x, requires_grad=True, device=ctx.torch_device)
         w_t = torch.tensor(np.asarray(variables["params"]["weight"]), requires_grad=True, device=ctx.torch_device)
         b_t = torch.zeros(channels, requires_grad=True, device=ctx.torch_device)
@@ -415,11 +441,13 @@ def glue(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
             torch_sync(ctx.torch_device)
 
         params = variables["params"]
-        times = interleaved_times({"jax": blocking(lambda c=compiled, p=params, a=x_j: c(p, a)), "torch": torch_fwd_bwd},
+        times = interleaved_times({"jax": blocking(lambda c=compiled, p=params, a=x_j: c(p, a)),
+                                   "before": blocking(lambda c=before, p=params, a=x_j: c(p, a)), "torch": torch_fwd_bwd},
                                   ctx.repeats)
         workload = f"glue: {name}"
         records.append(ctx.record(workload, "jax_jit", batch, times["jax"], compile_s,
                                   note="forward + input, weight and bias gradients; running statistics updated"))
+        records.append(ctx.record(workload, "jax_jit_bn_reductions", batch, times["before"]))
         records.append(ctx.record(workload, "torch_eager", batch, times["torch"]))
     return records
 

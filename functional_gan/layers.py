@@ -454,6 +454,103 @@ def running_variance(biased_var, n: int):
     return biased_var * (n / max(n - 1, 1))
 
 
+# Which form training-mode BatchNorm takes: "products" (sums over N·H·W as matrix products, the backward in closed
+# form: batch_norm_train) or "reductions" (jnp.mean, differentiated by JAX). Measured on a 2-core CPU, batch 64, in one
+# run each (benchmarks/results/batchnorm-round4-*): with jaxlib 0.10.2's workaround in effect (XLA's reductions kept
+# out of YNNPACK's fusions) the products are 3-8× faster per BatchNorm + activation and the DCGAN step 7% faster;
+# with jax 0.12 (no workaround) 0.5-0.85× PyTorch's time against 0.5-0.96×, the step 2% faster; jaxlib 0.10.2 without
+# the workaround, the same. So "products" on CPUs; GPUs and TPUs keep "reductions" (not measured there). Both are
+# tested equal to each other and to PyTorch. Override with the variable.
+BATCHNORM_FORM_ENV = "FUNCTIONAL_GAN_BATCHNORM"
+BATCHNORM_FORMS = ("products", "reductions")
+
+
+def batchnorm_form() -> str:
+    """``"products"`` on CPU, ``"reductions"`` elsewhere, unless ``$FUNCTIONAL_GAN_BATCHNORM`` says otherwise."""
+    form = os.environ.get(BATCHNORM_FORM_ENV) or ("products" if jax.default_backend() == "cpu" else "reductions")
+    if form not in BATCHNORM_FORMS:
+        raise ValueError(f"${BATCHNORM_FORM_ENV}={form!r}: choose one of {BATCHNORM_FORMS}")
+    return form
+
+
+def batch_norm(x_NHWC, weight, bias, eps: float):
+    """Training-mode BatchNorm, ``(y, mean, biased variance)``, in the form :func:`batchnorm_form` says (read when
+    traced)."""
+    if batchnorm_form() == "products":
+        return batch_norm_train(x_NHWC, weight, bias, eps)
+    mean = jnp.mean(x_NHWC, axis=(0, 1, 2))
+    # Two-pass variance (not E[x²]−E[x]²) for PyTorch-level accuracy; biased, as PyTorch normalises with it.
+    var = jnp.mean(jnp.square(x_NHWC - mean), axis=(0, 1, 2))
+    return (x_NHWC - mean) * (lax.rsqrt(var + eps) * weight) + bias, mean, var
+
+
+def _split(m: int) -> int:
+    """The divisor of ``m`` nearest √m from below (1 for a prime)."""
+    for b in range(math.isqrt(m), 0, -1):
+        if m % b == 0:
+            return b
+    return 1
+
+
+def _channel_sums(a_MC):
+    """Σ over the rows of ``a_MC`` (M, C) as matrix products: XLA:CPU runs a (1, M) @ (M, C) product as a blocked,
+    vectorised sum where its reduce emitter is 2-6× slower under jaxlib 0.10.2's workaround (which takes reductions
+    out of YNNPACK's fusions). A product accumulates along M in turn, its float32 error growing with M (17× PyTorch's
+    cascade at M = 65,536, measured); so two levels: M = B·K rows summed as K partial sums of B rows (one product
+    over the contiguous (B, K·C) view), then the K partial sums (another), the error growing with B + K ≈ 2√M."""
+    m, c = a_MC.shape
+    b = _split(m)
+    if b < 8:  # small or prime: one level
+        return jnp.dot(jnp.ones((1, m), a_MC.dtype), a_MC, precision=lax.Precision.HIGHEST)[0]
+    partial = jnp.dot(jnp.ones((1, b), a_MC.dtype), a_MC.reshape(b, (m // b) * c), precision=lax.Precision.HIGHEST)
+    return jnp.dot(jnp.ones((1, m // b), a_MC.dtype), partial.reshape(m // b, c), precision=lax.Precision.HIGHEST)[0]
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def batch_norm_train(x_NHWC, weight, bias, eps: float):
+    """Training-mode BatchNorm as PyTorch computes it: ``(y, mean, biased variance)`` of the batch, ``y`` normalised
+    with them. Its sums over N·H·W are matrix products (:func:`_channel_sums`), its backward the closed form
+
+    ``dx = weight·inv_std/M · (M·dy − Σdy − x̂·Σ(dy·x̂))`` (M = N·H·W, x̂ the normalised input),
+
+    with ``dweight = Σ(dy·x̂)``, ``dbias = Σdy`` (and the cotangents of the returned statistics, zero where they only
+    feed the running averages under ``stop_gradient``)."""
+    return _batch_norm_forward(x_NHWC, weight, bias, eps)[0]
+
+
+def _batch_norm_forward(x_NHWC, weight, bias, eps):
+    shape = x_NHWC.shape
+    m = shape[0] * shape[1] * shape[2]
+    x = x_NHWC.reshape(m, shape[3])
+    mean = _channel_sums(x) / m
+    centered = x - mean
+    var = _channel_sums(jnp.square(centered)) / m  # two-pass, biased: what PyTorch normalises with
+    inv_std = lax.rsqrt(var + eps)
+    y = centered * (inv_std * weight) + bias
+    return (y.reshape(shape), mean, var), (centered, inv_std, weight)
+
+
+def _batch_norm_fwd(x_NHWC, weight, bias, eps):
+    return _batch_norm_forward(x_NHWC, weight, bias, eps)
+
+
+def _batch_norm_bwd(eps, residuals, cotangents):
+    centered, inv_std, weight = residuals
+    dy_NHWC, d_mean, d_var = cotangents
+    shape = dy_NHWC.shape
+    m, c = centered.shape
+    dy = dy_NHWC.reshape(m, c)
+    normalised = centered * inv_std
+    sums = _channel_sums(jnp.concatenate([dy, dy * normalised], axis=1))  # one product for both sums
+    sum_dy, sum_dy_normalised = sums[:c], sums[c:]
+    dx = (weight * inv_std / m) * (m * dy - sum_dy - normalised * sum_dy_normalised)
+    dx = dx + (d_mean + 2 * d_var * centered) / m  # the statistics' own cotangents (Σ centered = 0)
+    return dx.reshape(shape), sum_dy_normalised, sum_dy
+
+
+batch_norm_train.defvjp(_batch_norm_fwd, _batch_norm_bwd)
+
+
 class BatchNorm2d(nn.Module):
     """``nn.BatchNorm2d(num_features)`` with PyTorch's exact training-mode behaviour.
 
@@ -487,20 +584,16 @@ class BatchNorm2d(nn.Module):
         )
         if self.use_running_average:
             mean, var = running_mean.value, running_var.value
-        else:
-            mean = jnp.mean(x_NHWC, axis=(0, 1, 2))
-            # Two-pass variance (not E[x²]−E[x]²) for PyTorch-level accuracy; biased, as PyTorch
-            # normalises with the biased variance.
-            var = jnp.mean(jnp.square(x_NHWC - mean), axis=(0, 1, 2))
-            if self.is_mutable_collection("batch_stats") and not self.is_initializing():
-                n = x_NHWC.shape[0] * x_NHWC.shape[1] * x_NHWC.shape[2]
-                unbiased_var = running_variance(var, n)
-                m = self.momentum
-                running_mean.value = (1 - m) * running_mean.value + m * lax.stop_gradient(mean)
-                running_var.value = (1 - m) * running_var.value + m * lax.stop_gradient(unbiased_var)
-                num_batches_tracked.value = num_batches_tracked.value + 1
-        inv_std = lax.rsqrt(var + self.eps)
-        return (x_NHWC - mean) * (inv_std * weight) + bias
+            return (x_NHWC - mean) * (lax.rsqrt(var + self.eps) * weight) + bias
+        y, mean, var = batch_norm(x_NHWC, weight, bias, self.eps)  # two-pass, biased, as PyTorch normalises
+        if self.is_mutable_collection("batch_stats") and not self.is_initializing():
+            n = x_NHWC.shape[0] * x_NHWC.shape[1] * x_NHWC.shape[2]
+            unbiased_var = running_variance(var, n)
+            m = self.momentum
+            running_mean.value = (1 - m) * running_mean.value + m * lax.stop_gradient(mean)
+            running_var.value = (1 - m) * running_var.value + m * lax.stop_gradient(unbiased_var)
+            num_batches_tracked.value = num_batches_tracked.value + 1
+        return y
 
 
 # --- Binary cross-entropy exactly as nn.BCELoss() -----------------------------------------------

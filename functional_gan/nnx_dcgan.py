@@ -91,16 +91,15 @@ class BatchNorm2d(nnx.Module):
     def __call__(self, x_NHWC):
         if self.use_running_average:
             mean, var = self.running_mean[...], self.running_var[...]
-        else:
-            mean = jnp.mean(x_NHWC, axis=(0, 1, 2))
-            var = jnp.mean(jnp.square(x_NHWC - mean), axis=(0, 1, 2))  # two-pass, biased, as PyTorch normalises
-            n = x_NHWC.shape[0] * x_NHWC.shape[1] * x_NHWC.shape[2]
-            m = self.momentum
-            self.running_mean[...] = (1 - m) * self.running_mean[...] + m * jax.lax.stop_gradient(mean)
-            self.running_var[...] = (1 - m) * self.running_var[...] + m * jax.lax.stop_gradient(
-                layers.running_variance(var, n))
-            self.num_batches_tracked[...] = self.num_batches_tracked[...] + 1
-        return (x_NHWC - mean) * (jax.lax.rsqrt(var + self.eps) * self.weight[...]) + self.bias[...]
+            return (x_NHWC - mean) * (jax.lax.rsqrt(var + self.eps) * self.weight[...]) + self.bias[...]
+        y, mean, var = layers.batch_norm(x_NHWC, self.weight[...], self.bias[...], self.eps)  # as the Linen layer
+        n = x_NHWC.shape[0] * x_NHWC.shape[1] * x_NHWC.shape[2]
+        m = self.momentum
+        self.running_mean[...] = (1 - m) * self.running_mean[...] + m * jax.lax.stop_gradient(mean)
+        self.running_var[...] = (1 - m) * self.running_var[...] + m * jax.lax.stop_gradient(
+            layers.running_variance(var, n))
+        self.num_batches_tracked[...] = self.num_batches_tracked[...] + 1
+        return y
 
 
 def _leaky_relu(x):
