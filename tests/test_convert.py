@@ -238,3 +238,26 @@ def test_check_port_save_writes_the_weights_it_checked(tmp_path, capsys):
     model = module.torch_model()
     kernel = load_converted(out)["params"]["Dense_0"]["kernel"]
     np.testing.assert_array_equal(kernel, model.fc1.weight.detach().numpy().T)
+
+
+def test_a_plain_function_port_is_written_as_safetensors_from_safetensors_weights(tmp_path):
+    """A port of plain functions gets its parameter tree back (safetensors, keys params/...); the weights may come as
+    .safetensors too."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(tmp_path / "net.safetensors"))
+    (tmp_path / "spec.py").write_text(
+        "import numpy as np, torch, jax.numpy as jnp\n"
+        "def torch_model():\n    return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))\n"
+        "def jax_params():\n    return {'0': {'weight': np.zeros((4, 5)), 'bias': np.zeros(4)},\n"
+        "            '2': {'weight': np.zeros((2, 4)), 'bias': np.zeros(2)}}\n"
+        "def jax_apply(p, x):\n    h = jnp.tanh(x @ p['0']['weight'].T + p['0']['bias'])\n"
+        "    return h @ p['2']['weight'].T + p['2']['bias']\n"
+        "def example_inputs():\n    return (np.random.default_rng(0).normal(size=(3, 5)).astype(np.float32),)\n")
+    report, out = converting.convert(load_spec(tmp_path / "spec.py"), tmp_path / "net.safetensors", tmp_path / "out")
+    assert report.exit_status() == 0 and (out / "weights.safetensors").is_file()
+    tree = load_converted(out)
+    np.testing.assert_array_equal(tree["params"]["2"]["weight"], net[2].weight.detach().numpy())
+    assert json.loads((out / "converted.json").read_text())["format"].startswith("safetensors")

@@ -222,7 +222,7 @@ def test_the_installed_wheel_starts_every_command_and_trains_without_torch(wheel
     assert json.loads(where[1]) == [str(Path(where[0]).parents[1])], where
     out = _run(bin_dir, work, "--help")
     assert out.returncode == 0 and "check-port" in out.stdout, out.stderr[-2000:]
-    for command in ("train", "compare", "check-port", "lessons", "bench", "docs", "sample", "diverge"):
+    for command in ("train", "compare", "check-port", "convert", "lessons", "bench", "docs", "sample", "diverge"):
         out = _run(bin_dir, work, command, "--help")
         assert out.returncode == 0 and f"usage: functional-gan {command}" in out.stdout, (command, out.stderr[-2000:])
     out = _run(bin_dir, work, "train", "--data", "fake", "--steps", "2", "--batch-size", "4", "--image-size", "32",
@@ -233,6 +233,17 @@ def test_the_installed_wheel_starts_every_command_and_trains_without_torch(wheel
     # A command that needs PyTorch says so in one line.
     out = _run(bin_dir, work, "check-port", str(ROOT / "examples" / "port" / "mnist_cnn.py"))
     assert out.returncode == 2 and "torch" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    # Converted weights (written here, with PyTorch) read back by the installed package, without it.
+    from functional_gan.testing import convert
+
+    folder = convert.write_converted(tmp_path / "converted", "Flax Linen",
+                                     {"params": {"Dense_0": {"kernel": np.eye(3, dtype=np.float32)}}}, {"api": "Flax Linen"})
+    script = ("from functional_gan.testing import load_converted; import sys; "
+              f"v = load_converted({str(folder)!r}); assert 'torch' not in [m.split('.')[0] for m in sys.modules "
+              "if sys.modules[m] is not None]; print(v['params']['Dense_0']['kernel'].sum())")
+    read = subprocess.run([str(bin_dir / "python"), "-c", script], cwd=work, env=_clean_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert read.returncode == 0 and read.stdout.strip() == "3.0", read.stderr[-2000:]
 
 
 @pytest.mark.slow  # the module-list test and the torch-free commands above stay in the default suite
