@@ -39,12 +39,17 @@ TRANSPOSED_CONV_FORM_ENV = "FUNCTIONAL_GAN_TRANSPOSED_CONV"
 TRANSPOSED_CONV_FORMS = ("subpixel", "dilated")
 
 
+def _form(variable: str, forms: tuple[str, str]) -> str:
+    """The form ``$variable`` names, or by default ``forms[0]`` on CPU and ``forms[1]`` elsewhere."""
+    form = os.environ.get(variable) or (forms[0] if jax.default_backend() == "cpu" else forms[1])
+    if form not in forms:
+        raise ValueError(f"${variable}={form!r}: choose one of {forms}")
+    return form
+
+
 def transposed_conv_form() -> str:
     """``"subpixel"`` on CPU, ``"dilated"`` elsewhere, unless ``$FUNCTIONAL_GAN_TRANSPOSED_CONV`` says otherwise."""
-    form = os.environ.get(TRANSPOSED_CONV_FORM_ENV) or ("subpixel" if jax.default_backend() == "cpu" else "dilated")
-    if form not in TRANSPOSED_CONV_FORMS:
-        raise ValueError(f"${TRANSPOSED_CONV_FORM_ENV}={form!r}: choose one of {TRANSPOSED_CONV_FORMS}")
-    return form
+    return _form(TRANSPOSED_CONV_FORM_ENV, TRANSPOSED_CONV_FORMS)
 
 
 def _torch_conv_weight_to_hwio(weight_OIHW: jax.Array) -> jax.Array:
@@ -467,10 +472,7 @@ BATCHNORM_FORMS = ("products", "reductions")
 
 def batchnorm_form() -> str:
     """``"products"`` on CPU, ``"reductions"`` elsewhere, unless ``$FUNCTIONAL_GAN_BATCHNORM`` says otherwise."""
-    form = os.environ.get(BATCHNORM_FORM_ENV) or ("products" if jax.default_backend() == "cpu" else "reductions")
-    if form not in BATCHNORM_FORMS:
-        raise ValueError(f"${BATCHNORM_FORM_ENV}={form!r}: choose one of {BATCHNORM_FORMS}")
-    return form
+    return _form(BATCHNORM_FORM_ENV, BATCHNORM_FORMS)
 
 
 def batch_norm(x_NHWC, weight, bias, eps: float):

@@ -141,6 +141,7 @@ def test_the_step_profile_ranks_convolutions_on_both_sides_and_shares_add_up():
     assert ranks == ["1", "2", "3"] * 2 and text.count("The top 3 hold") == 2
 
 
+@pytest.mark.slow  # about 26 s: six step programs compiled and timed
 def test_the_step_workload_times_linen_nnx_and_pytorch_and_the_plan_has_the_per_call_row():
     """The DCGAN step rows of every framework, NNX's two forms included, from one interleaved timing; the plan runs
     the tiny-nets step (whose time is mostly each call's own cost) beside the tutorial-sized ones."""

@@ -67,7 +67,7 @@ def _attention_spec(factor: float = 1.0, **changes) -> testing.Spec:
 # --- what the check holds ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
 def test_the_pytorch_side_builds_one_model_per_role_not_one_per_run(dtype):
     """Besides the pairing's first build: the float64 reference and a working model per dtype that every other run
     and every optimizer fed the port's gradients loads its start into (float32: one of each dtype; float64: one, and
@@ -329,21 +329,21 @@ def _cross_entropy_jax(logits, idx, targets):
     return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, 11), targets.reshape(-1)).mean()
 
 
-def test_a_tied_embedding_pairs_once_and_its_gradient_sums_over_its_uses():
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
+def test_a_tied_embedding_pairs_once_and_its_gradient_sums_over_its_uses(dtype):
     spec = testing.Spec(
         _TiedLM, jax_model=_LinenTiedLM, output="logits",
         example_inputs=lambda: (np.random.default_rng(0).integers(0, 11, (3, 5)),),
         example_targets=lambda: (np.random.default_rng(1).integers(0, 11, (3, 5)),),
         to_jax=lambda *a: a, from_jax=np.asarray, torch_loss=_cross_entropy_torch, jax_loss=_cross_entropy_jax,
         torch_optimizer=lambda p: torch.optim.SGD(p, lr=0.5), jax_optimizer=lambda: optax.sgd(0.5))
-    for dtype in ("float32", "float64"):
-        report = testing.check_port(spec, dtype, steps=2)
-        assert_agrees(report)
-        assert report.tied == {"lm_head.weight": "wte.weight"}
-        assert "lm_head.weight  =  wte.weight (tied: one tensor, paired once" in report.format()
-        assert [p.torch_key for p in report.pairings] == ["wte.weight", "mix.weight", "mix.bias"]
-        gradient = next(r for r in report.rows if r.stage == "step 1: gradient" and r.name == "wte.weight")
-        assert gradient.passed  # the sum over both uses: the embedding's and the output layer's
+    report = testing.check_port(spec, dtype, steps=2)
+    assert_agrees(report)
+    assert report.tied == {"lm_head.weight": "wte.weight"}
+    assert "lm_head.weight  =  wte.weight (tied: one tensor, paired once" in report.format()
+    assert [p.torch_key for p in report.pairings] == ["wte.weight", "mix.weight", "mix.bias"]
+    gradient = next(r for r in report.rows if r.stage == "step 1: gradient" and r.name == "wte.weight")
+    assert gradient.passed  # the sum over both uses: the embedding's and the output layer's
 
 
 # --- the benchmark of check-port's size -----------------------------------------------------------------------------

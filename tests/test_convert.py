@@ -126,8 +126,9 @@ def _reproduces(name: str, folder: Path, expected: Path, tmp_path: Path) -> dict
     return seen
 
 
-@pytest.mark.parametrize("name, api", [("mnist_cnn", "Flax Linen"), ("resnet18_nnx", "Flax NNX"),
-                                       ("mnist_cnn_equinox", "Equinox")])
+@pytest.mark.parametrize("name, api", [("mnist_cnn", "Flax Linen"),
+                                       pytest.param("resnet18_nnx", "Flax NNX", marks=pytest.mark.slow),  # 22 s
+                                       pytest.param("mnist_cnn_equinox", "Equinox", marks=pytest.mark.slow)])
 def test_converted_weights_reproduce_pytorch_in_a_process_without_torch(name, api, tmp_path, capsys):
     weights, expected = _trained(name, tmp_path)
     out = tmp_path / "converted"
