@@ -163,8 +163,9 @@ def test_the_training_run_beside_pytorch_prints_both_frameworks_metrics(capsys):
 
     assert training_beside_pytorch.main(["--steps", "4", "--every", "2"]) == 0
     out = capsys.readouterr().out
-    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
-    assert [row[0] for row in rows] == ["2", "4"] and all(len(row) == 9 for row in rows)
+    rows = [line.split() for line in out.splitlines()]
+    rows = [row for row in rows if len(row) == 9 and row[0].isdigit()]  # iteration, then 4 metrics × 2 frameworks
+    assert [row[0] for row in rows] == ["2", "4"]
     values = np.array([[float(v) for v in row[1:]] for row in rows])
     assert np.all(np.isfinite(values))
     # The same weights and batches: the first iterations agree to float32's rounding (D(x) and D(G(z)) of both)
