@@ -56,7 +56,9 @@ def api_page() -> str:
     parts.extend(f"::: functional_gan.lessons.registry.{name}\n" for name in ("Lesson", "Family", "run_lesson", "run_side"))
     parts.extend(f"::: functional_gan.lessons.notebooks.{name}\n" for name in ("notebook_source", "write_notebooks", "execute_notebook"))
     parts.append("## Check your own port\n")
-    parts.extend(f"::: functional_gan.testing.{name}\n" for name in ("Spec", "load_spec", "check_port", "assert_port", "Report", "tap"))
+    parts.extend(f"::: functional_gan.testing.{where}\n" for where in (  # the defining modules: the package's names load lazily
+        "spec.Spec", "spec.load_spec", "check.check_port", "check.assert_port", "report.Report", "apis.tap",
+        "convert.convert", "convert.load_converted"))
     parts.extend(f"::: comparisons.judge.{name}\n" for name in ("compare", "Row"))
     return "\n".join(parts)
 
