@@ -145,10 +145,7 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     scale = scale if scale > 0 else 1.0
 
     def error_of(values, against=reference) -> float:
-        if isinstance(values, Measured):
-            return float(values)
-        values = np.asarray(values, np.float64)
-        return float(np.max(np.abs(values - np.asarray(against, np.float64)))) / scale if reference.size else 0.0
+        return float(values) if isinstance(values, Measured) else float(relative_error(values, against, scale))
 
     difference = np.abs(port - reference)
     where = np.unravel_index(int(np.argmax(difference)), difference.shape) if difference.size else ()

@@ -532,10 +532,6 @@ def _batch_norm_forward(x_NHWC, weight, bias, eps):
     return (y.reshape(shape), mean, var), (centered, inv_std, weight)
 
 
-def _batch_norm_fwd(x_NHWC, weight, bias, eps):
-    return _batch_norm_forward(x_NHWC, weight, bias, eps)
-
-
 def _batch_norm_bwd(eps, residuals, cotangents):
     centered, inv_std, weight = residuals
     dy_NHWC, d_mean, d_var = cotangents
@@ -550,7 +546,7 @@ def _batch_norm_bwd(eps, residuals, cotangents):
     return dx.reshape(shape), sum_dy_normalised, sum_dy
 
 
-batch_norm_train.defvjp(_batch_norm_fwd, _batch_norm_bwd)
+batch_norm_train.defvjp(_batch_norm_forward, _batch_norm_bwd)
 
 
 class BatchNorm2d(nn.Module):

@@ -59,7 +59,6 @@ See ``examples/port/`` for models from public code; :func:`assert_port` is the s
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 from pathlib import Path
 from types import ModuleType
@@ -123,7 +122,7 @@ def _layout_of(jax_output, torch_shape: tuple, from_jax) -> np.ndarray:
 
 def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None):
     """Every quantity of one step, in debugging order: (stage, name, pick from a JAX outcome, PyTorch64's value,
-    PyTorch's own error (a :class:`Measured`), the port's shape where it may differ, the float64 twin's reference)."""
+    PyTorch's own error (a :class:`Measured`), the port's shape where it may differ)."""
     ref = seen["ref"]
     noise = seen["noise"]
     for torch_name in ref["layers"]:  # in the order PyTorch ran them
@@ -132,24 +131,24 @@ def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None):
             expected = ref["layers"][torch_name]
             yield ("forward", torch_name or "(model)",
                    lambda s, p=path, e=expected: _layout_of(s["layers"][p], e.shape, run.from_jax),
-                   expected, noise["layers"][torch_name], np.shape(jax_seen["layers"][path]), None)
+                   expected, noise["layers"][torch_name], np.shape(jax_seen["layers"][path]))
     yield ("output", "output", lambda s: _layout_of(s["output"], ref["output"].shape, run.from_jax), ref["output"],
-           noise["output"], np.shape(jax_seen["output"]), None)
+           noise["output"], np.shape(jax_seen["output"]))
     if run.spec.torch_loss is None:
         return
-    yield "loss", "loss", lambda s: s["loss"], ref["loss"], noise["loss"], None, None
+    yield "loss", "loss", lambda s: s["loss"], ref["loss"], noise["loss"], None
     params = [p for p in run.pairings if p.collection == "params"]
     for p in params:
         yield ("gradient", p.torch_key, lambda s, p=p: p.leaf(s["grads"]), ref["grads"][p.torch_key],
-               noise["grads"][p.torch_key], None, None)
+               noise["grads"][p.torch_key], None)
     if fed is not None:  # judged from the same gradients: PyTorch's optimizer fed the port's
         for p in params:
             yield ("update", p.torch_key, lambda s, p=p: p.leaf(s["params"]), fed["ref"][p.torch_key],
-                   fed["noise"][p.torch_key], None, None)
+                   fed["noise"][p.torch_key], None)
     for p in run.pairings:
         if p.collection == "batch_stats" and _has(jax_seen.get("batch_stats", {}), p.jax_path):
             yield ("buffer", p.torch_key, lambda s, p=p: p.leaf(s["batch_stats"]), ref["after"][p.torch_key],
-                   noise["after"][p.torch_key], None, None)
+                   noise["after"][p.torch_key], None)
 
 
 def _twin_measures(run: _Run, seen: dict, jax_seen: dict, twin: dict) -> dict:
@@ -157,7 +156,7 @@ def _twin_measures(run: _Run, seen: dict, jax_seen: dict, twin: dict) -> dict:
     (``jax_seen``) and its float64 twin, taken once and kept as numbers (each program's rows use them):
     ``|JAX₃₂ − JAX₆₄|``, and the twin's error against PyTorch64."""
     measures = {}
-    for stage, name, pick, reference, _, _, _ in _quantities(run, seen, jax_seen, None):
+    for stage, name, pick, reference, _, _ in _quantities(run, seen, jax_seen, None):
         a, b = pick(jax_seen), pick(twin)
         if np.shape(a) == np.shape(b) == np.shape(reference):
             measures[stage, name] = (TwinMeasured(relative_error(a, b, scale=1.0), np.shape(a)),
@@ -171,16 +170,15 @@ def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, 
     gradients (see :func:`_twin_measures`); ``update64``: the port's optimizer in float64 fed this program's gradients,
     its own float32 error at the update stage."""
     rows = []
-    for stage, name, pick, reference, noise, port_shape, twin_reference in _quantities(run, seen, jax_seen, fed):
+    for stage, name, pick, reference, noise, port_shape in _quantities(run, seen, jax_seen, fed):
+        port = pick(jax_seen)
         jax_noisy = [measures[stage, name]] if (stage, name) in measures else []
         if stage == "update" and update64 is not None:
-            jax_noisy = [(pick(jax_seen), pick(update64))]
-        port = pick(jax_seen)
+            jax_noisy = [(port, pick(update64))]
         if stage in ("forward", "output"):
             port, reference = _broadcast_equal(run, f"{stage}, {name}", port, reference)
-        rows.append(compare(prefix + stage, name, port, reference, [noise], run.dtype, run.k,
-                            port_shape=port_shape, jax_noisy=jax_noisy, twin_reference=twin_reference,
-                            float64_noise=True))
+        rows.append(compare(prefix + stage, name, port, reference, [noise], run.dtype, run.k, port_shape=port_shape,
+                            jax_noisy=jax_noisy, float64_noise=True))
     return rows
 
 
@@ -389,22 +387,27 @@ def _float64_twin(run: _Run, function, before: dict, opt_state, optimizer) -> di
         return _collected(run, lambda: function(before, inputs, targets, opt_state))
 
 
-def _update_in_float64(optimizer, params, grads, opt_state) -> dict:
+def _update_in_float64(optimizer):
     """The port's optimizer step in float64 fed the float32 program's own gradients, from the same parameters and
-    optimizer state: the update stage's float64 twin. Fed the float64 twin's gradients instead, Adam would turn a
-    gradient that is zero but for rounding (a key bias under softmax: 1e-19 in float64, 1e-9 in float32) into
-    steps of different size, and a wrong update of 1% there would read as rounding."""
+    optimizer state, ``(params, grads, opt_state) -> {"params": ...}``: the update stage's float64 twin. Fed the
+    float64 twin's gradients instead, Adam would turn a gradient that is zero but for rounding (a key bias under
+    softmax: 1e-19 in float64, 1e-9 in float32) into steps of different size, and a wrong update of 1% there would
+    read as rounding. Compiled once per check: XLA reuses the buffers of the float64 copies (a gigabyte on a
+    ResNet-50)."""
     import optax
 
+    @jax.jit
     def step(params, grads, opt_state):
         if opt_state is None:
             opt_state = optimizer.init(params)
         updates, _ = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates)
 
-    with jax.enable_x64(True):  # compiled: XLA reuses the buffers of the copies made here (a gigabyte on a ResNet-50)
-        arguments = _floats_in((params, grads, opt_state), jnp.float64)
-        return {"params": jax.device_get(jax.jit(step)(*arguments))}
+    def update(params, grads, opt_state) -> dict:
+        with jax.enable_x64(True):
+            return {"params": jax.device_get(step(*_floats_in((params, grads, opt_state), jnp.float64)))}
+
+    return update
 
 
 def _floats_in(tree, width):
@@ -526,6 +529,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
             del start
         optimizer = spec.jax_optimizer() if spec.jax_optimizer else None
         step_fn = _jax_step_function(run.adapter, spec, optimizer)
+        update_in_float64 = _update_in_float64(optimizer) if optimizer is not None and dtype == "float32" else None
         functions = {program: jax.jit(step_fn) if program == "jit" else step_fn for program in programs}
         order = sorted(programs, key=lambda p: p != "eager")  # op by op first: a bad dtype shows there
         # JAX's own float32 error, |JAX₃₂ − JAX₆₄| of one program, and whether that program's mathematics is right
@@ -537,7 +541,6 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         # the next step starts from it, as training does; the parameters start from PyTorch's (teacher forcing).
         own_state: dict[str, dict | None] = {program: None for program in programs}
         rows: dict[str, list[Row]] = {program: [] for program in programs}
-        notes: set[str] = set()
         for step in range(1, steps + 1):
             before = {program: _start_of_step(run, width, own_state[program]) for program in programs}
             opt_before = dict(opt_states)
@@ -579,7 +582,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     del before64
                     narrow = _narrow(twin, run)
                     if narrow:  # a port that fixes its own dtype: no float64 twin, nothing can be called precision
-                        notes.add(f"the port run in float64 computes in {narrow[1]} ({narrow[0]} gives {narrow[1]} from "
+                        run.notes.add(f"the port run in float64 computes in {narrow[1]} ({narrow[0]} gives {narrow[1]} from "
                                   "float64 inputs and parameters: a dtype fixed inside the port, such as a Flax "
                                   "module's dtype=jnp.float32, or a cast), so JAX's own float32 error cannot be measured "
                                   "and nothing beyond tolerance can be called precision; make the port compute in the "
@@ -590,9 +593,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 fed = update64 = None
                 if optimizer is not None and spec.torch_loss is not None:
                     fed = _fed_updates(run, program, params_state, outcome["grads"], last=step == steps)
-                    if dtype == "float32":  # the update stage's own float32 error, from the same gradients
-                        update64 = _update_in_float64(optimizer, before[program]["params"], outcome["grads"],
-                                                      opt_before.get(program))
+                    if update_in_float64 is not None:  # the update stage's own float32 error, from the same gradients
+                        update64 = update_in_float64(before[program]["params"], outcome["grads"], opt_before.get(program))
                 if twin is not None:
                     measures = _twin_measures(run, seen, outcome, twin)
                     del twin
@@ -605,7 +607,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     rows[programs[1]] if len(programs) > 1 else [], jax_build(), len(seen["ref"]["layers"]), uncaptured,
                     carried=run.adapter.carried if steps > 1 else "", steps=steps)
     report.hints = _known_causes(run, report)
-    report.notes = sorted(notes | run.notes)
+    report.notes = sorted(run.notes)
     report.converted = converted if export else None
     report.train = spec.train
     report.tied = run.tied
