@@ -55,9 +55,22 @@ def relative_error(values, reference, scale: float | None = None) -> Measured:
     if not reference.size:
         return Measured(0.0)
     if scale is None:
-        scale = float(np.max(np.abs(reference)))
+        scale = _largest_magnitude(reference)
         scale = scale if scale > 0 else 1.0
-    return Measured(float(np.max(np.abs(np.asarray(values, np.float64) - reference))) / scale)
+    difference = _magnitude_in_place(np.asarray(values, np.float64) - reference)
+    return Measured(float(np.max(difference)) / scale)
+
+
+def _magnitude_in_place(difference):
+    """``|difference|``, in the array itself (a gigabyte's tensor makes no more); a NumPy scalar as it comes."""
+    if isinstance(difference, np.ndarray):
+        return np.abs(difference, out=difference)
+    return np.abs(difference)
+
+
+def _largest_magnitude(values: np.ndarray) -> float:
+    """``max |values|``, without an array of the magnitudes (NaN if any is NaN, as ``np.max(np.abs(values))``)."""
+    return float(max(np.max(values), -np.min(values)))
 
 
 @dataclasses.dataclass
@@ -141,15 +154,16 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     if port.shape != reference.shape:
         return Row(stage, name, math.inf, None, 0.0, 0.0, math.nan, math.nan,
                    shapes=(tuple(port_shape) if port_shape is not None else port.shape, reference.shape), dtype=dtype)
-    scale = float(np.max(np.abs(reference))) if reference.size else 0.0
+    scale = _largest_magnitude(reference) if reference.size else 0.0
     scale = scale if scale > 0 else 1.0
 
     def error_of(values, against=reference) -> float:
         return float(values) if isinstance(values, Measured) else float(relative_error(values, against, scale))
 
-    difference = np.abs(port - reference)
+    difference = _magnitude_in_place(port - reference)
     where = np.unravel_index(int(np.argmax(difference)), difference.shape) if difference.size else ()
     error = float(difference[where]) / scale if difference.size else 0.0
+    del difference
     if not np.all(np.isfinite(port)):
         error = math.inf
     noise = jax_noise = twin_error = None

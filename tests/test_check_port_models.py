@@ -81,7 +81,38 @@ def test_the_pytorch_side_builds_one_model_per_role_not_one_per_run(dtype):
 
     report = testing.check_port(_attention_spec(torch_model=counted), dtype, steps=2)
     assert report.exit_status() == 0, report.format()
+    # (float32's float64 working model serves the update stage only, built at the first update; over 2 steps both
+    # programs' optimizers keep it from step 1 on)
     assert len(built) == 1 + 3
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
+                                  lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+                                  lambda p: torch.optim.Adadelta(p, lr=1.0)], ids=["AdamW", "SGD", "Adadelta"])
+def test_an_update_stepped_a_few_parameters_at_a_time_is_the_one_step_bit_for_bit(make):
+    """check-port feeds PyTorch's optimizer the port's gradients a group of parameters at a time (what is held is then
+    a group's gradients and state): over two steps, with the state carried, the same bits as one step over all."""
+    from functional_gan.testing.pairing import transfer
+    from functional_gan.testing.torch_side import fed_update
+
+    torch.manual_seed(0)
+    model = _Attention().double()
+    pairings = transfer(model, {"params": {f"Dense_{i}": {"kernel": np.zeros((8, 8), np.float32),
+                                                          "bias": np.zeros(8, np.float32)} for i in range(3)}})
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(0)
+    grads = [{"params": {f"Dense_{i}": {"kernel": rng.normal(size=(8, 8)), "bias": rng.normal(size=8)}
+                         for i in range(3)}} for _ in range(2)]
+    results = {}
+    for chunk in (1, 70, float("inf")):  # each tensor alone; a kernel and a bias; everything at once
+        optimizer = make(model.parameters())
+        for step, g in enumerate(grads):
+            after = dict(fed_update(model, optimizer, start, pairings, g["params"], last=step == 1, chunk=chunk))
+        results[chunk] = after
+        assert not optimizer.state  # let go after the last step, group by group
+    for key in results[1]:
+        assert np.array_equal(results[1][key], results[float("inf")][key]), key
+        assert np.array_equal(results[70][key], results[float("inf")][key]), key
 
 
 def test_memory_phases_are_reported_on_request(capsys, tmp_path, monkeypatch):

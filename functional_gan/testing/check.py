@@ -60,8 +60,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable
 
 import jax
@@ -74,12 +72,13 @@ from functional_gan.errors import UserError
 
 from . import apis
 from .jax_side import _check_dtypes, _jax_step_function
-from .pairing import Pairing, _get, default_from_jax, default_to_jax, tied_tensors, transfer, variables_from_torch
+from .pairing import (Pairing, _get, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
+                      torch_in_flax_layout, transfer, variables_from_torch)
 from .memory import Phases
 from .precision import likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
-from .spec import Spec, SpecError, load_spec, spec_from_module
-from .torch_side import _fed_update, _torch_side, _torch_step, other_layout, torch_in_flax_layout
+from .spec import Spec, SpecError
+from .torch_side import _torch_side, _torch_step, fed_update, load_into, other_layout
 
 PERMUTED_RUNS = 2  # float32 PyTorch runs with the batch in another order, besides the plain one
 
@@ -102,9 +101,10 @@ class _Run:
     layer_shapes: dict  # PyTorch's layer outputs' shapes, by PyTorch name (known after its first step)
     sides: dict  # PyTorch's runs: "ref" (float64), "t32" and permuted float32 runs
     permutations: dict
-    shadows: dict  # per program: PyTorch's optimizers fed that program's gradients
+    shadows: dict  # per program: PyTorch's optimizers fed that program's gradients, (model, optimizer) once built
     notes: set = dataclasses.field(default_factory=set)  # for the report: what was compared otherwise than usual
     tied: dict = dataclasses.field(default_factory=dict)  # tied tensors: later name → the name paired
+    working: dict = dataclasses.field(default_factory=dict)  # a working PyTorch model per dtype (see _prepare)
 
 
 def _layout_of(jax_output, torch_shape: tuple, from_jax) -> np.ndarray:
@@ -171,6 +171,8 @@ def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, 
     its own float32 error at the update stage."""
     rows = []
     for stage, name, pick, reference, noise, port_shape in _quantities(run, seen, jax_seen, fed):
+        if stage == "update":  # the gradients are compared: let go before the updates are
+            jax_seen.pop("grads", None)
         port = pick(jax_seen)
         jax_noisy = [measures[stage, name]] if (stage, name) in measures else []
         if stage == "update" and update64 is not None:
@@ -236,6 +238,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
         raise SpecError(str(error)) from error
     from_jax = spec.from_jax or (default_from_jax if adapter.channels_last else np.asarray)
     pairings = transfer(reference_model, adapter.variables, spec.param_map, adapter.kinds)
+    adapter.variables = shapes_of_paired(adapter.variables, pairings)
     tied = tied_tensors(reference_model)
     layer_paths = {p.torch_key.rsplit(".", 1)[0] if "." in p.torch_key else "": p.layer for p in pairings}
     # PyTorch's own error in the dtype checked: in float32 the float32 run, and the same twice with the batch's
@@ -271,20 +274,11 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
     # own noise) fed JAX's gradients, its state evolving with them as optax's does. Judged from each
     # framework's own gradients instead, Adam's lr-sized steps on near-zero gradients make the
     # comparison a matter of chance.
-    # Each is an optimizer of its own (its state) over the working model of its dtype.
-    def shadow(torch_dtype):
-        model = work(torch_dtype)
-        return model, spec.torch_optimizer(model.parameters())
-
-    shadows = {program: {} for program in programs}
-    if spec.jax_optimizer is not None:
-        for program in programs:
-            shadows[program]["ref"] = shadow(torch.float64)
-            # PyTorch's own error in the optimizer's arithmetic: float32, or in float64 fed gradients and parameters
-            # moved by one ulp
-            shadows[program][short] = shadow(_torch_dtype(short))
+    # Each is an optimizer of its own (its state) over the working model of its dtype, built when it is first fed
+    # (_shadow): float32's float64 working model then exists only for the update stage, and is let go after the last.
+    shadows = {program: ({"ref": None, short: None} if spec.jax_optimizer is not None else {}) for program in programs}
     return _Run(spec, dtype, k, inputs, targets, jax_inputs(adapter.channels_last), on_jax(targets), from_jax, adapter,
-                pairings, layer_paths, {}, sides, permutations, shadows, tied=tied)
+                pairings, layer_paths, {}, sides, permutations, shadows, tied=tied, working=working)
 
 
 def _torch_dtype(side: str) -> torch.dtype:
@@ -310,7 +304,10 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
     compared as soon as it is done and let go), and that starting state. The reference's optimizer steps (its
     parameters start the next step) unless this is the ``last`` step."""
     start = run.sides["ref"][0]  # teacher forcing: every side starts the step from PyTorch64's parameters and buffers
-    params_state = {k: v.detach().clone() for k, v in start.state_dict().items()}
+    # a copy of what the reference's step changes: its buffers (running statistics), and its parameters where its
+    # optimizer steps; at the last step the parameters are read as they are (a model of 124M parameters: 1 GB in float64)
+    fixed = {name for name, _ in start.named_parameters()} if last else set()
+    params_state = {k: v.detach() if k in fixed else v.detach().clone() for k, v in start.state_dict().items()}
     moves = np.random.default_rng(len(run.pairings))
     stats = [p for p in run.pairings if p.collection == "batch_stats"]
 
@@ -339,11 +336,11 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
     for name, (model, _) in run.sides.items():
         if name == "ref":
             continue
-        # load_state_dict copies into the parameters as they are laid out
-        state = {k: v.to(_torch_dtype(name)) if v.is_floating_point() else v for k, v in params_state.items()}
+        # copied into the parameters as they are laid out, each converted to the run's dtype as it is copied
+        state = params_state
         if name == "t64-moved":
-            state = {k: _one_ulp(v, moves) if v.is_floating_point() else v for k, v in state.items()}
-        model.load_state_dict(state)
+            state = {k: _one_ulp(v, moves) if v.is_floating_point() else v for k, v in params_state.items()}
+        load_into(model, state)
         del state
         seen = step_of(name, model, None)  # no optimizer step: its parameters after it are not compared
         model.zero_grad(set_to_none=True)
@@ -377,14 +374,12 @@ def _run_program(run: _Run, function, program: str, before: dict, opt_state, fir
                         f"{type(error).__name__}: {message}" + (f" ({'; '.join(hints)})" if hints else "")) from error
 
 
-def _float64_twin(run: _Run, function, before: dict, opt_state, optimizer) -> dict:
-    """A program's step in float64 from the same start (PyTorch64's parameters and buffers ``before``, the optimizer
-    state its float32 run had), for JAX's own float32 error. Its optimizer state is not kept."""
+def _float64_twin(run: _Run, function, before: dict) -> dict:
+    """A program's step without its optimizer, in float64 from the same start (PyTorch64's parameters and buffers
+    ``before``), for JAX's own float32 error up to the gradients."""
     with jax.enable_x64(True):
-        if optimizer is not None and opt_state is None:
-            opt_state = optimizer.init(before["params"])
-        inputs, targets, opt_state = _floats_in((run.jax_inputs, run.jax_targets, opt_state), jnp.float64)
-        return _collected(run, lambda: function(before, inputs, targets, opt_state))
+        inputs, targets = _floats_in((run.jax_inputs, run.jax_targets), jnp.float64)
+        return _collected(run, lambda: function(before, inputs, targets, None))
 
 
 def _update_in_float64(optimizer):
@@ -392,12 +387,14 @@ def _update_in_float64(optimizer):
     optimizer state, ``(params, grads, opt_state) -> {"params": ...}``: the update stage's float64 twin. Fed the
     float64 twin's gradients instead, Adam would turn a gradient that is zero but for rounding (a key bias under
     softmax: 1e-19 in float64, 1e-9 in float32) into steps of different size, and a wrong update of 1% there would
-    read as rounding. Compiled once per check: XLA reuses the buffers of the float64 copies (a gigabyte on a
-    ResNet-50)."""
+    read as rounding. Compiled once per check; the float32 parameters, gradients and state are widened inside the
+    compiled step, where XLA fuses the conversions into the update (no float64 copy of them is held: 2 GB on a model
+    of 124M parameters)."""
     import optax
 
     @jax.jit
-    def step(params, grads, opt_state):
+    def step(params, grads, opt_state):  # widened inside: no float64 copy of the parameters and gradients is kept
+        params, grads, opt_state = _floats_in((params, grads, opt_state), jnp.float64)
         if opt_state is None:
             opt_state = optimizer.init(params)
         updates, _ = optimizer.update(grads, opt_state, params)
@@ -405,7 +402,7 @@ def _update_in_float64(optimizer):
 
     def update(params, grads, opt_state) -> dict:
         with jax.enable_x64(True):
-            return {"params": jax.device_get(step(*_floats_in((params, grads, opt_state), jnp.float64)))}
+            return {"params": jax.device_get(step(params, grads, opt_state))}
 
     return update
 
@@ -428,39 +425,54 @@ def _collected(run: _Run, call) -> dict:
     return outcome
 
 
-def _start_of_step(run: _Run, width, own: dict | None) -> dict:
-    """The variables a step of the port starts from: PyTorch64's parameters (in ``width``), and the port's own state
-    after its previous step (``own``; on the first step, the statistics PyTorch starts from and the port's initial
-    state)."""
-    start = variables_from_torch(run.sides["ref"][0], run.pairings, run.adapter.variables, width)
+def _start_of_step(run: _Run, width, own: dict | None, state: dict | None = None) -> dict:
+    """The variables a step of the port starts from: PyTorch64's parameters (in ``width``; read from the reference,
+    or from ``state``, its state_dict as the step started), and the port's own state after its previous step (``own``;
+    on the first step, the statistics PyTorch starts from and the port's initial state)."""
+    start = variables_from_torch(run.sides["ref"][0] if state is None else state, run.pairings, run.adapter.variables,
+                                 width)
     if own is None:
         return {**start, "carry": run.adapter.carry}
     return {**start, "batch_stats": _floats_in(own["batch_stats"], width), "carry": _floats_in(own["carry"], width)}
 
 
-def _fed_updates(run: _Run, program: str, start: dict, grads, last: bool) -> dict[str, dict]:
-    """PyTorch's optimizers fed ``program``'s gradients: float64, the reference (``"ref"``); float32 (or float64 fed
-    gradients and parameters moved by one ulp), PyTorch's own error, measured against it at once (``"noise"``).
-    The optimizers' states are kept for the next step, let go after the ``last``."""
-    shadows = run.shadows[program]
+def _shadow(run: _Run, program: str, name: str):
+    """``program``'s PyTorch optimizer ``name`` ("ref": float64; "t32"/"t64": PyTorch's own error) and the working
+    model of its dtype it steps, built the first time it is asked for. A working model that no run has yet is built
+    afresh (its values do not matter: each fed update loads its start into it), PyTorch's random state kept as it was."""
+    if run.shadows[program][name] is None:
+        dtype = torch.float64 if name == "ref" else _torch_dtype(name)
+        if run.working.get(dtype) is None:
+            with torch.random.fork_rng(devices=[]):
+                run.working[dtype] = _torch_side(run.spec, dtype, None)[0]
+        model = run.working[dtype]
+        run.shadows[program][name] = (model, run.spec.torch_optimizer(model.parameters()))
+    return run.shadows[program][name]
+
+
+def _fed_updates(run: _Run, program: str, start: dict, grads, last: bool) -> dict:
+    """PyTorch's optimizers fed ``program``'s gradients: float64, the reference (``"ref"``, its parameters read from its
+    model as the rows ask for them); float32 (or float64 fed gradients and parameters moved by one ulp), PyTorch's own
+    error, measured against it at once (``"noise"``). The optimizers' states are kept for the next step, let go after
+    the ``last``."""
+    shadows = {name: _shadow(run, program, name) for name in run.shadows[program]}
     moves = np.random.default_rng(len(run.pairings) + 1)
-    fed = {"ref": _fed_update(*shadows["ref"], start, run.pairings, grads)}
+    ref = fed_update(*shadows["ref"], start, run.pairings, grads, last)
+    if any(model is shadows["ref"][0] for name, (model, _) in shadows.items() if name != "ref"):
+        ref = dict(ref)  # float64: the other run steps the same working model; the reference's values copied first
+    fed = {"ref": ref}
     for name, (model, opt) in shadows.items():
         if name == "t64":
             moved_start = {k: _one_ulp(v, moves) if v.is_floating_point() else v for k, v in start.items()}
             moved = jax.tree_util.tree_map(lambda g: _one_ulp(torch.from_numpy(np.array(g, np.float64)), moves).numpy(), grads)
-            own = _fed_update(model, opt, moved_start, run.pairings, moved)
+            own = fed_update(model, opt, moved_start, run.pairings, moved, last)
             del moved_start, moved
         elif name == "t32":
-            own = _fed_update(model, opt, start, run.pairings, grads)
+            own = fed_update(model, opt, start, run.pairings, grads, last)
         else:
             continue
-        fed["noise"] = {key: relative_error(value, fed["ref"][key]) for key, value in own.items()}
+        fed["noise"] = {key: relative_error(own[key], ref[key]) for key in own}
         del own
-    for model, opt in shadows.values():
-        model.zero_grad(set_to_none=True)
-        if last:
-            opt.state.clear()
     return fed
 
 
@@ -475,6 +487,20 @@ def _narrow(outcome: dict, run: _Run) -> tuple[str, str] | None:
             if np.issubdtype(kind, np.floating) and kind != np.float64:
                 return where, str(kind)
     return None
+
+
+def _unshared(tree):
+    """``tree`` with each array that it holds twice copied at its later places (an optimizer's init may give its first
+    and second moments one zeros array): each leaf a buffer of its own, which a donated argument needs."""
+    seen = set()
+
+    def own(leaf):
+        if id(leaf) in seen:
+            return jnp.array(leaf, copy=True)
+        seen.add(id(leaf))
+        return leaf
+
+    return jax.tree_util.tree_map(own, tree)
 
 
 def _let_go_of_programs(program: str) -> None:
@@ -531,6 +557,16 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         step_fn = _jax_step_function(run.adapter, spec, optimizer)
         update_in_float64 = _update_in_float64(optimizer) if optimizer is not None and dtype == "float32" else None
         functions = {program: jax.jit(step_fn) if program == "jit" else step_fn for program in programs}
+        # The optimizer's state, a step's input and output, is not held twice (Adam's over 124M parameters: 2 GB in
+        # float64): op by op, the last step does not return it (nothing reads it); compiled, a state made for the step
+        # (its first) is donated to it, the new state written into its buffers (the same program, the same numbers;
+        # a program without that output would be fused otherwise and round otherwise).
+        last_step_fn = _jax_step_function(run.adapter, spec, optimizer, keep_state=False)
+        donating = jax.jit(step_fn, donate_argnums=(3,))
+        # The float64 twin measures JAX's own error up to the gradients (the update stage's twin is update_in_float64):
+        # the same step without the optimizer, whose float64 parameters and state it would otherwise hold.
+        twin_step = _jax_step_function(run.adapter, spec, None)
+        twin_function = jax.jit(twin_step) if noise_program(programs) == "jit" else twin_step
         order = sorted(programs, key=lambda p: p != "eager")  # op by op first: a bad dtype shows there
         # JAX's own float32 error, |JAX₃₂ − JAX₆₄| of one program, and whether that program's mathematics is right
         # (|JAX₆₄ − PyTorch₆₄|); float64 needs neither.
@@ -542,13 +578,19 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         own_state: dict[str, dict | None] = {program: None for program in programs}
         rows: dict[str, list[Row]] = {program: [] for program in programs}
         for step in range(1, steps + 1):
-            before = {program: _start_of_step(run, width, own_state[program]) for program in programs}
+            last = step == steps
+            # Each program's start (and the float64 twin's) is PyTorch64's parameters and statistics before its step:
+            # taken now where the reference's optimizer steps in _torch_steps, else as each program comes to it (held one
+            # at a time), from the state that step started from.
+            before: dict = {}
+            if not last:
+                before = {program: _start_of_step(run, width, own_state[program]) for program in programs}
+                if twin_program:
+                    with jax.enable_x64(True):
+                        before64 = _start_of_step(run, jnp.float64, own_state[twin_program])
             opt_before = dict(opt_states)
-            if twin_program:  # the float64 twin starts where its program starts (taken before PyTorch's step)
-                with jax.enable_x64(True):
-                    before64 = _start_of_step(run, jnp.float64, own_state[twin_program])
             try:
-                seen, params_state = _torch_steps(run, last=step == steps)
+                seen, params_state = _torch_steps(run, last=last)
                 phases.mark(f"step {step}: PyTorch's runs")
             except SpecError:
                 raise
@@ -559,26 +601,43 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 raise SpecError(f"the spec's PyTorch step (torch_model() on example_inputs(), torch_loss, "
                                 f"torch_optimizer) failed: {type(error).__name__}: {message}") from error
             run.layer_shapes.update({name: np.shape(value) for name, value in seen["ref"]["layers"].items()})
+            if last:  # PyTorch's runs for its own error are done (float64's other memory layout: a model let go)
+                run.sides = {"ref": run.sides["ref"]}
             # One program at a time, compared and let go: the twin's program first, then its float64 twin (JAX's own
             # float32 error, kept as numbers), then the others.
             measures: dict = {}
             for program in order:
+                own_before = own_state[program]
+                if program not in before:  # from the state PyTorch's step started from (its statistics have moved)
+                    before[program] = _start_of_step(run, width, own_state[program], params_state)
                 if program not in opt_states:
                     opt_states[program] = optimizer.init(before[program]["params"]) if optimizer is not None else None
-                outcome = _run_program(run, functions[program], program, before[program], opt_states[program],
+                function = functions[program]
+                if program == "eager" and last:
+                    function = last_step_fn
+                elif program == "jit" and program not in opt_before and optimizer is not None:
+                    function = donating
+                    opt_states[program] = _unshared(opt_states[program])
+                outcome = _run_program(run, function, program, before[program], opt_states[program],
                                        first=step == 1 and program == order[0])
                 if step == 1 and program == order[0]:
                     _check_dtypes(outcome, dtype, run)
                     uncaptured = [n or "(model)" for n in seen["ref"]["layers"]
                                   if run.layer_paths[n] not in outcome["layers"]]
-                opt_states[program] = outcome.pop("opt_state", None)
+                # the optimizer's state goes on to the next step; after the last, nothing reads it
+                opt_states[program] = outcome.pop("opt_state", None) if not last else None
+                outcome.pop("opt_state", None)
                 own_state[program] = {"batch_stats": outcome.get("batch_stats") or before[program]["batch_stats"],
                                       "carry": outcome.get("carry")}
+                if last:  # made again for the update stage, from the same state, when it comes to it
+                    del before[program]
                 _let_go_of_programs(program)
                 phases.mark(f"step {step}: the port, {program}")
-                twin = None
                 if program == twin_program:
-                    twin = _float64_twin(run, functions[twin_program], before64, opt_before.get(twin_program), optimizer)
+                    if last:
+                        with jax.enable_x64(True):
+                            before64 = _start_of_step(run, jnp.float64, own_before, params_state)
+                    twin = _float64_twin(run, twin_function, before64)
                     del before64
                     narrow = _narrow(twin, run)
                     if narrow:  # a port that fixes its own dtype: no float64 twin, nothing can be called precision
@@ -587,20 +646,28 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                                   "module's dtype=jnp.float32, or a cast), so JAX's own float32 error cannot be measured "
                                   "and nothing beyond tolerance can be called precision; make the port compute in the "
                                   "dtype of its inputs (dtype=None) to have it measured")
-                        twin = None
+                    else:  # kept as numbers; the twin is let go before the update stage's runs
+                        measures = _twin_measures(run, seen, outcome, twin)
+                    del twin
                     _let_go_of_programs(program)
                     phases.mark(f"step {step}: the port in float64 ({twin_program})")
                 fed = update64 = None
                 if optimizer is not None and spec.torch_loss is not None:
-                    fed = _fed_updates(run, program, params_state, outcome["grads"], last=step == steps)
+                    fed = _fed_updates(run, program, params_state, outcome["grads"], last=last)
+                    phases.mark(f"step {step}: PyTorch's optimizers fed {program}'s gradients")
                     if update_in_float64 is not None:  # the update stage's own float32 error, from the same gradients
-                        update64 = update_in_float64(before[program]["params"], outcome["grads"], opt_before.get(program))
-                if twin is not None:
-                    measures = _twin_measures(run, seen, outcome, twin)
-                    del twin
+                        params = (before[program] if not last else
+                                  variables_from_torch(params_state, run.pairings, run.adapter.variables, width))["params"]
+                        update64 = update_in_float64(params, outcome["grads"], opt_before.get(program))
+                        del params
+                        phases.mark(f"step {step}: {program}'s update in float64")
                 rows[program] += _rows(run, f"step {step}: " if steps > 1 else "", seen, outcome, fed, measures,
                                        update64)
                 del outcome, fed, update64
+                if last:  # this program's update-stage optimizers are done, and float32's float64 working model with
+                    # them (the next program's builds its own: a gigabyte for 124M parameters, not held in between)
+                    run.shadows[program] = {}
+                    run.working = {d: m for d, m in run.working.items() if d == torch.float32 or dtype == "float64"}
                 phases.mark(f"step {step}: rows of {program}")
             del measures
     report = Report(spec.name, dtype, k, run.pairings, rows[programs[0]], run.adapter.api, tuple(programs),
@@ -619,36 +686,10 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         jaxpr = None
         if jax.default_backend() != "cpu":  # the port's own precision settings matter on accelerators only
             with contextlib.suppress(Exception), jax.default_matmul_precision("highest"):
-                jaxpr = jax.make_jaxpr(step_fn)(before[programs[0]], run.jax_inputs, run.jax_targets,
+                start = _start_of_step(run, width, own_state[programs[0]])  # its shapes and dtypes only
+                jaxpr = jax.make_jaxpr(step_fn)(start, run.jax_inputs, run.jax_targets,
                                                 opt_before.get(programs[0])).jaxpr
-        report.causes = likely_causes(report.precision_findings, run.adapter.fast_variance, opt_states.get(programs[0]),
+        structure = jax.eval_shape(optimizer.init, run.adapter.variables["params"]) if optimizer is not None else None
+        report.causes = likely_causes(report.precision_findings, run.adapter.fast_variance, structure,
                                       seen["ref"]["layers"], run.adapter.channels_last, jaxpr, dtype)
-    return report
-
-
-def assert_port(spec: Spec | ModuleType | str | Path | None = None, /, *, dtype: str = "float32", steps: int = 1,
-                k: float = DEFAULT_K, seed: int = 0, programs: tuple[str, ...] = PROGRAMS, allow_precision: bool = False,
-                **pieces) -> Report:
-    """``check_port`` for a test suite: returns the report when the port agrees, raises ``AssertionError`` otherwise.
-
-    ``spec``: a :class:`Spec`, a spec module, a spec file's path, or nothing, with the spec's pieces as keywords
-    (``torch_model=``, ``jax_model=``, ``example_inputs=``, ``train=False``, ...); keywords given with a module
-    replace its names. The error's message is the first divergence (or the precision findings), then the whole
-    report. Precision findings (float32 further from PyTorch64 than k × PyTorch's own error while the float64 program
-    agrees) fail too, unless ``allow_precision``. A spec the checker cannot use raises :class:`SpecError`.
-    """
-    if isinstance(spec, (str, Path)):
-        spec = load_spec(spec)
-        if pieces:
-            spec = dataclasses.replace(spec, **pieces)
-    elif isinstance(spec, ModuleType):
-        spec = spec_from_module({**vars(spec), **pieces})
-    elif spec is None:
-        spec = spec_from_module(pieces)
-    elif pieces:
-        spec = dataclasses.replace(spec, **pieces)
-    report = check_port(spec, dtype, steps, k, seed, programs)
-    report.allow_precision = allow_precision
-    if report.exit_status() != 0:
-        raise AssertionError(f"{report.verdict()}\n\n{report.format()}")
     return report

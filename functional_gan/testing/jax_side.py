@@ -12,8 +12,12 @@ from . import apis
 from .spec import PortDtypeError, Spec, call_loss, select_output
 
 
-def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer) -> Callable:
-    """One step of the port as a pure function: (variables, inputs, targets, opt_state) -> what it computed."""
+def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state: bool = True) -> Callable:
+    """One step of the port as a pure function: (variables, inputs, targets, opt_state) -> what it computed.
+
+    ``opt_state`` None: the optimizer's initial state, made inside (not held beside the step as an input).
+    ``keep_state`` False: the optimizer's state after the step is not returned (a check's last step: no step follows;
+    Adam's state over 124M parameters is 2 GB in float64)."""
 
     def step(variables, inputs, targets, opt_state):
         # ``variables``: params (PyTorch's, each step), batch_stats and the adapter's "carry" (the port's own state,
@@ -35,8 +39,12 @@ def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer) -> Callable
         if optimizer is not None:
             import optax
 
+            if opt_state is None:
+                opt_state = optimizer.init(variables["params"])
             updates, opt_state = optimizer.update(grads, opt_state, variables["params"])
-            seen.update(params=optax.apply_updates(variables["params"], updates), opt_state=opt_state)
+            seen.update(params=optax.apply_updates(variables["params"], updates))
+            if keep_state:
+                seen.update(opt_state=opt_state)
         return seen
 
     return step

@@ -71,9 +71,10 @@ class Phases:
 
     def format(self) -> str:
         gib = 1024 ** 3
+        width = max([44] + [len(m.name) for m in self.marks])
         lines = [f"Memory (resident, GiB; the process's peak {self.peak / gib:.2f} GiB):",
-                 f"  {'phase':44} {'now':>6} {'peak':>6} {'at s':>7}"]
+                 f"  {'phase':{width}} {'now':>6} {'peak':>6} {'at s':>7}"]
         for m in self.marks:
             now = f"{m.resident / gib:6.2f}" if m.resident is not None else "     ?"
-            lines.append(f"  {m.name:44} {now} {m.peak / gib:6.2f} {m.seconds:7.1f}")
+            lines.append(f"  {m.name:{width}} {now} {m.peak / gib:6.2f} {m.seconds:7.1f}")
         return "\n".join(lines)

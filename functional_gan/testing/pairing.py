@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -350,8 +351,24 @@ def _get(tree, path):
     return tree
 
 
-def variables_from_torch(model: torch.nn.Module, pairings: list[Pairing], variables: dict, dtype) -> dict:
-    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+def shapes_of_paired(variables: dict, pairings: list[Pairing]) -> dict:
+    """``variables`` with each leaf that PyTorch's tensors fill entirely (every layer of a stacked leaf) as its shape and
+    dtype: every step's variables are made from PyTorch's tensors, and the port's own initial values of those leaves
+    are not held (half a gigabyte for a model of 124M parameters)."""
+    layers: dict[tuple, set] = {}
+    for p in pairings:
+        layers.setdefault((p.collection, p.jax_path), set()).add(p.index)
+    out = {k: dict(v) for k, v in variables.items()}
+    for (collection, path), indices in layers.items():
+        leaf = _get(out[collection], path)
+        if indices == {None} or indices == set(range(np.shape(leaf)[0] if np.ndim(leaf) else 0)):
+            out[collection] = _set(out[collection], path, jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype))
+    return out
+
+
+def variables_from_torch(model: torch.nn.Module | dict, pairings: list[Pairing], variables: dict, dtype) -> dict:
+    """The port's variables holding ``model``'s tensors (a module, or a ``state_dict``), moved by the pairing."""
+    tensors = model if isinstance(model, dict) else {**dict(model.named_parameters()), **dict(model.named_buffers())}
     out = {k: dict(v) for k, v in variables.items()}
     stacked: dict[tuple, np.ndarray] = {}  # a stacked leaf's layers, gathered before it is set once
     for p in pairings:
@@ -361,7 +378,9 @@ def variables_from_torch(model: torch.nn.Module, pairings: list[Pairing], variab
             continue
         key = (p.collection, p.jax_path)
         if key not in stacked:
-            stacked[key] = np.array(_get(out[p.collection], p.jax_path), np.float64)
+            leaf = _get(out[p.collection], p.jax_path)  # its values where a layer is not paired; a shape where all are
+            stacked[key] = (np.zeros(leaf.shape, np.float64) if isinstance(leaf, jax.ShapeDtypeStruct)
+                            else np.array(leaf, np.float64))
         stacked[key][p.index] = value
     for (collection, path), value in stacked.items():
         out[collection] = _set(out[collection], path, jnp.asarray(value, dtype))

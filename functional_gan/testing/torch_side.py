@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from .pairing import Pairing, torch_in_flax_layout
+from .pairing import Pairing
 from .spec import Spec, call_loss, select_output
 
 
@@ -96,10 +96,10 @@ def step_with_gradients(model: torch.nn.Module, optimizer, gradients: dict[str, 
     """One PyTorch optimizer step with the given gradients (by parameter name, PyTorch's layout), from the
     parameters ``start`` (a state_dict) when given: PyTorch's optimizer fed another framework's gradients.
     Returns ``model``, updated."""
-    dtype = next(model.parameters()).dtype
     if start is not None:
-        model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in start.items()})
+        load_into(model, start)
     optimizer.zero_grad()
+    dtype = next(model.parameters()).dtype
     for name, parameter in model.named_parameters():
         if name in gradients:
             parameter.grad = torch.tensor(np.array(gradients[name]), dtype=dtype)
@@ -125,9 +125,68 @@ class _Gradients(Mapping):
         return len(self.pairings)
 
 
-def _fed_update(model, optimizer, start: dict, pairings: list[Pairing], jax_grads) -> dict[str, np.ndarray]:
-    """PyTorch's optimizer step from ``start`` with the port's gradients; the parameters after it in the port's layout."""
-    step_with_gradients(model, optimizer, _Gradients(pairings, jax_grads), start)
-    return torch_in_flax_layout(model, pairings)
+class ParamsOf(Mapping):
+    """A model's paired parameters in the port's layout, float64, by PyTorch name, each read when it is asked for (not
+    all at once: a model of 124M parameters is 1 GB in float64)."""
+
+    def __init__(self, model: torch.nn.Module, pairings: list[Pairing]):
+        self.tensors = dict(model.named_parameters())
+        self.pairings = {p.torch_key: p for p in pairings if p.collection == "params"}
+
+    def __getitem__(self, name):
+        p = self.pairings[name]
+        return np.array(p.to_jax(self.tensors[name].detach().cpu().double().numpy()), np.float64)
+
+    def __iter__(self):
+        return iter(self.pairings)
+
+    def __len__(self):
+        return len(self.pairings)
 
 
+def load_into(model: torch.nn.Module, state: dict) -> None:
+    """``model.load_state_dict(state)`` tensor by tensor, each converted to the model's dtype as it is copied (no copy
+    of the whole state in that dtype first)."""
+    own = model.state_dict()
+    missing = set(own) ^ set(state)
+    if missing:
+        raise KeyError(f"the state and the model differ in {sorted(missing)[:3]}")
+    with torch.no_grad():
+        for key, tensor in own.items():
+            tensor.copy_(state[key])
+
+
+CHUNK = 1 << 24  # elements of parameters stepped at a time by fed_update (128 MB of float64 gradients)
+
+
+def fed_update(model, optimizer, start: dict, pairings: list[Pairing], jax_grads, last: bool,
+               chunk: int = CHUNK) -> ParamsOf:
+    """PyTorch's optimizer step from ``start`` with the port's gradients; the parameters after it in the port's layout,
+    read from the model when asked for.
+
+    The step is taken a few parameters at a time: each group's gradients are given, the optimizer steps (PyTorch's
+    optimizers step only the parameters that have a gradient, each with a state of its own), and the gradients are let
+    go, with the group's optimizer state after the ``last`` step. Every parameter is stepped once, as one step over
+    all of them would; what is held at once is a group's gradients and state, not the model's (3 GB for AdamW over
+    124M parameters in float64). An optimizer from outside ``torch.optim`` steps every parameter at once (its step may
+    couple them)."""
+    load_into(model, start)
+    optimizer.zero_grad()
+    if not type(optimizer).__module__.startswith("torch.optim"):  # an optimizer of one's own may couple parameters
+        chunk = float("inf")
+    gradients = _Gradients(pairings, jax_grads)
+    dtype = next(model.parameters()).dtype
+    stepped = [(name, parameter) for name, parameter in model.named_parameters() if name in gradients]
+    group, size = [], 0
+    for index, (name, parameter) in enumerate(stepped):
+        parameter.grad = torch.tensor(np.array(gradients[name]), dtype=dtype)
+        group.append(parameter)
+        size += parameter.numel()
+        if size >= chunk or index == len(stepped) - 1:
+            optimizer.step()
+            for done in group:
+                done.grad = None
+                if last:
+                    optimizer.state.pop(done, None)
+            group, size = [], 0
+    return ParamsOf(model, pairings)
