@@ -109,6 +109,11 @@ def add_check_port(subparsers) -> None:
                         "in the port's API's own format, with converted.json (see the convert command; that command "
                         "checks in eval mode, the compiled program, before it writes)")
     p.add_argument("--overwrite", action="store_true", help="with --save: replace a DIR that is not empty")
+    p.add_argument("--by-block", action="store_true",
+                   help="one block at a time, for a model whose whole check does not fit in memory: PyTorch's model "
+                        "runs once in float64 to record each block's inputs and the loss's gradient at its output, then "
+                        "each block is checked alone (the spec's blocks(), or PyTorch's largest ModuleList paired with "
+                        "the port's list of as many modules)")
 
 
 def run_check_port(args) -> int:
@@ -142,8 +147,15 @@ def run_check_port(args) -> int:
     if args.save:  # refused now, before the check, rather than after it
         converting.refuse_existing(args.save, args.overwrite)
     state = converting.read_weights(args.weights, spec.torch_model()) if args.weights else None
-    report = port.check_port(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state,
-                             export=bool(args.save))
+    if args.by_block and args.save:
+        raise UserError("--save writes what the whole-model check agreed on: it cannot be used with --by-block")
+    if args.by_block:
+        from functional_gan.testing.blocks import check_by_block
+
+        report = check_by_block(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state)
+    else:
+        report = port.check_port(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state,
+                                 export=bool(args.save))
     report.allow_precision = args.allow_precision
     print(report.format())
     if args.memory:

@@ -57,8 +57,8 @@ def api_page() -> str:
     parts.extend(f"::: functional_gan.lessons.notebooks.{name}\n" for name in ("notebook_source", "write_notebooks", "execute_notebook"))
     parts.append("## Check your own port\n")
     parts.extend(f"::: functional_gan.testing.{where}\n" for where in (  # the defining modules: the package's names load lazily
-        "spec.Spec", "spec.load_spec", "check.check_port", "check.assert_port", "report.Report", "apis.tap",
-        "convert.convert", "convert.load_converted"))
+        "spec.Spec", "spec.load_spec", "check.check_port", "asserting.assert_port", "report.Report", "apis.tap",
+        "convert.convert", "convert.load_converted", "blocks.check_by_block", "blocks.BlockReport"))
     parts.extend(f"::: comparisons.judge.{name}\n" for name in ("compare", "Row"))
     return "\n".join(parts)
 

@@ -11,10 +11,11 @@ The way ``numpy.testing`` and ``torch.testing`` read. The pieces, one concern ea
 * :mod:`.pairing`: each PyTorch tensor paired with a leaf of the port, and the layouts between them;
 * :mod:`.apis`: the port's API (Flax Linen, Flax NNX, Equinox, plain functions) seen as one form; :func:`tap`;
 * :mod:`.torch_side` and :mod:`.jax_side`: one step of each framework;
-* :mod:`.check`: the check itself (:func:`check_port`, :func:`assert_port`);
+* :mod:`.check`: the check itself (:func:`check_port`); :mod:`.asserting`: :func:`assert_port`, for test suites;
 * :mod:`.report`: its rows, verdict and forms (text, Markdown, JSON);
 * :mod:`.convert`: a PyTorch ``state_dict`` converted into the port's weights, checked first
   (:func:`.convert.convert`), and read back (:func:`load_converted`);
+* :mod:`.blocks`: the check one block at a time (:func:`check_by_block`), for models whose whole check does not fit;
 * :mod:`.memory`: the check's resident memory phase by phase.
 
 Needs the torch extra (and equinox for Equinox ports), except :func:`load_converted` and :func:`tap`: the names are
@@ -23,13 +24,15 @@ imported when first used, so that reading converted weights back needs no PyTorc
 
 import importlib
 
-_WHERE = {"tap": "apis", "PERMUTED_RUNS": "check", "assert_port": "check", "check_port": "check",
+_WHERE = {"tap": "apis", "PERMUTED_RUNS": "check", "assert_port": "asserting", "check_port": "check",
           "Pairing": "pairing", "transfer": "pairing", "PROGRAMS": "report", "Report": "report",
           "PortDtypeError": "spec", "Spec": "spec", "SpecError": "spec", "load_spec": "spec",
-          "spec_from_module": "spec", "load_converted": "convert", "ConvertError": "convert"}
+          "spec_from_module": "spec", "load_converted": "convert", "ConvertError": "convert",
+          "check_by_block": "blocks", "BlockReport": "blocks"}
 
 __all__ = ["assert_port", "check_port", "load_spec", "spec_from_module", "Spec", "SpecError", "PortDtypeError",
-           "Report", "Pairing", "transfer", "tap", "PROGRAMS", "PERMUTED_RUNS", "load_converted", "ConvertError"]
+           "Report", "Pairing", "transfer", "tap", "PROGRAMS", "PERMUTED_RUNS", "load_converted", "ConvertError",
+           "check_by_block", "BlockReport"]
 
 
 def __getattr__(name: str):

@@ -48,12 +48,19 @@ class Spec:
     output: str | int | None = None  # OUTPUT: the field (attribute or key) or index of both models' outputs compared
     per_sample: bool = False
     batch_axis: str = "batch"
+    # --by-block: blocks() -> [(PyTorch module name, the port's block, or a function that builds it)], how a block's
+    # inputs and outputs move between the frameworks (default: the API's layout), and BLOCK_OUTPUT (as OUTPUT)
+    blocks: Callable[[], list] | None = None
+    block_to_jax: Callable[..., tuple] | None = None
+    block_from_jax: Callable[[Any], Any] | None = None
+    block_output: str | int | None = None
     name: str = "spec"
 
 
 REQUIRED = ("torch_model", "example_inputs")
 PAIRS = (("torch_loss", "jax_loss"), ("torch_optimizer", "jax_optimizer"))
-CONSTANTS = {"TRAIN": "train", "PER_SAMPLE": "per_sample", "BATCH_AXIS": "batch_axis", "OUTPUT": "output"}
+CONSTANTS = {"TRAIN": "train", "PER_SAMPLE": "per_sample", "BATCH_AXIS": "batch_axis", "OUTPUT": "output",
+             "BLOCK_OUTPUT": "block_output", "BLOCKS": "blocks"}
 
 
 def _fields_of(value) -> list[str]:
@@ -67,7 +74,10 @@ def _fields_of(value) -> list[str]:
 def select_output(output, field: str | int | None, side: str):
     """The model's output as compared: ``output`` itself when ``field`` is None, else its field ``field`` (a key of a
     dict, an attribute of an object such as Hugging Face's ``ModelOutput`` or a dataclass, or an index of a tuple).
-    An output that is not an array (nor a number) without ``OUTPUT`` is a :class:`SpecError` naming its fields."""
+    An output that is not an array (nor a number) without ``OUTPUT`` is a :class:`SpecError` naming its fields. An array
+    is the output as it is, ``OUTPUT`` or not (one side may return ``(logits, loss)`` and the other the logits)."""
+    if hasattr(output, "shape") and hasattr(output, "dtype"):
+        return output
     if field is not None:
         try:
             if isinstance(field, int) and not isinstance(field, bool):

@@ -1,0 +1,47 @@
+"""``assert_port``: check-port for a test suite, whole or block by block."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import ModuleType
+
+from functional_gan.comparisons.judge import DEFAULT_K
+
+from .blocks import check_by_block
+from .check import check_port
+from .report import PROGRAMS, Report
+from .spec import Spec, load_spec, spec_from_module
+
+
+def assert_port(spec: Spec | ModuleType | str | Path | None = None, /, *, dtype: str = "float32", steps: int = 1,
+                k: float = DEFAULT_K, seed: int = 0, programs: tuple[str, ...] = PROGRAMS, allow_precision: bool = False,
+                by_block: bool = False, **pieces) -> Report:
+    """``check_port`` for a test suite: returns the report when the port agrees, raises ``AssertionError`` otherwise.
+
+    ``spec``: a :class:`Spec`, a spec module, a spec file's path, or nothing, with the spec's pieces as keywords
+    (``torch_model=``, ``jax_model=``, ``example_inputs=``, ``train=False``, ...); keywords given with a module
+    replace its names. The error's message is the first divergence (or the precision findings), then the whole
+    report. Precision findings (float32 further from PyTorch64 than k × PyTorch's own error while the float64 program
+    agrees) fail too, unless ``allow_precision``. A spec the checker cannot use raises :class:`SpecError`.
+    ``by_block``: one block at a time (see :mod:`.blocks`), for a model whose whole check does not fit in memory;
+    returns a :class:`~.blocks.BlockReport`.
+    """
+    if isinstance(spec, (str, Path)):
+        spec = load_spec(spec)
+        if pieces:
+            spec = dataclasses.replace(spec, **pieces)
+    elif isinstance(spec, ModuleType):
+        spec = spec_from_module({**vars(spec), **pieces})
+    elif spec is None:
+        spec = spec_from_module(pieces)
+    elif pieces:
+        spec = dataclasses.replace(spec, **pieces)
+    if by_block:
+        report = check_by_block(spec, dtype, steps, k, seed, programs)
+    else:
+        report = check_port(spec, dtype, steps, k, seed, programs)
+    report.allow_precision = allow_precision
+    if report.exit_status() != 0:
+        raise AssertionError(f"{report.verdict()}\n\n{report.format()}")
+    return report

@@ -1,0 +1,326 @@
+"""check-port block by block, for models whose whole-model check does not fit in memory.
+
+PyTorch's model runs once in float64 on the spec's example inputs, with the spec's loss: each block's inputs are
+recorded as they reach it, and the gradient of the model's loss with respect to each block's output (its cotangent).
+Then each block is checked alone, one after the other, by :func:`check_port` on a spec of its own: PyTorch's block
+(with the model's weights) against the port's block (the weights moved by the same pairing), both fed the block's
+recorded inputs, with the loss ``sum(output · cotangent)``. That loss's gradient with respect to the block's
+parameters is the model's own gradient (for parameters used in that block only), so every quantity a whole-model
+check compares for the block's parameters (each layer's output, the block's output, the gradients, the optimizer's
+update, the buffers) is compared for them here, judged the same way; the block's loss itself, the checker's own
+construction (a sum of terms that cancel, whose float32 rounding depends on the order of summation alone), is not. Peak
+memory is the PyTorch model once (to record) and one block's check, not the model's.
+
+Not compared block by block: what lies outside the blocks (embeddings, the head: listed in the report), the wiring
+between blocks (a port that feeds block 3 the output of block 1 passes here: the whole-model check sees it), a
+gradient with respect to a block's input, and optimizers that couple parameters across blocks (a global-norm clip).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from functional_gan.comparisons.judge import DEFAULT_K
+
+from . import apis
+from .check import check_port
+from .memory import Phases
+from .pairing import default_to_jax
+from .report import EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_PRECISION, PROGRAMS, Report, _badness, _measure
+from .spec import Spec, SpecError, call_loss, select_output
+
+
+@dataclasses.dataclass
+class BlockReport:
+    """The outcome of a block-by-block check: each block's :class:`Report`, in the model's order."""
+
+    spec: str
+    dtype: str
+    k: float
+    blocks: list[tuple[str, Report]]
+    outside: list[str]  # PyTorch's parameters in no block
+    memory: Any = None
+    allow_precision: bool = False
+
+    def exit_status(self, allow_precision: bool | None = None) -> int:
+        """1 if a block diverges, else 3 if a block has precision findings (0 with ``allow_precision``), else 0."""
+        allow = self.allow_precision if allow_precision is None else allow_precision
+        statuses = {report.exit_status(allow) for _, report in self.blocks}
+        for status in (EXIT_DIVERGENCE, EXIT_PRECISION):
+            if status in statuses:
+                return status
+        return EXIT_AGREEMENT
+
+    @property
+    def first_failing(self) -> tuple[str, Report] | None:
+        """The first block, in the model's order, that diverges (else the first with precision findings)."""
+        for wanted in (EXIT_DIVERGENCE, EXIT_PRECISION):
+            for name, report in self.blocks:
+                if report.exit_status(self.allow_precision) == wanted:
+                    return name, report
+        return None
+
+    def verdict(self) -> str:
+        failing = self.first_failing
+        if failing is None:
+            total = sum(len(report.rows) for _, report in self.blocks)
+            return f"Agreement: all {len(self.blocks)} blocks, {total} quantities, within tolerance."
+        name, report = failing
+        return f"Block {name}: " + report.verdict()
+
+    def format(self, markdown: bool = False) -> str:
+        status = self.exit_status()
+        outcome = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE", EXIT_PRECISION: "precision findings"}
+        lines = [f"check-port {self.spec}, block by block: {outcome[status]} (exit status {status}); {len(self.blocks)} "
+                 f"blocks, {self.dtype}, k = {self.k:g}",
+                 "Each block fed PyTorch's own input to it (float64 run of the whole model), with the loss "
+                 "sum(output · the model loss's gradient at its output): its parameters' gradients are the model's "
+                 "(that loss, the checker's own, is not judged).",
+                 "", f"  {'block':<28} {'rows':>5}  {'verdict':<12} {'worst':>9}  at"]
+        for name, report in self.blocks:
+            worst = max(report.rows, key=_badness) if report.rows else None
+            verdict = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE",
+                       EXIT_PRECISION: "precision"}[report.exit_status(self.allow_precision)]
+            where = f"{worst.stage}, {worst.name}" if worst else ""
+            lines.append(f"  {name:<28} {len(report.rows):>5}  {verdict:<12} {_measure(worst) if worst else '':>9}  "
+                         f"{where}")
+        if self.outside:
+            shown = ", ".join(self.outside[:8]) + (f" and {len(self.outside) - 8} more" if len(self.outside) > 8 else "")
+            lines += ["", f"Not in any block (the whole-model check compares them): {shown}."]
+        failing = self.first_failing
+        if failing is not None:
+            name, report = failing
+            lines += ["", f"Block {name}, in full:", "", report.format()]
+        lines += ["", self.verdict()]
+        text = "\n".join(lines)
+        return f"```text\n{text}\n```\n" if markdown else text
+
+    def to_json(self) -> dict:
+        return {"spec": self.spec, "by_block": True, "dtype": self.dtype, "k": self.k,
+                "exit_status": self.exit_status(), "not_in_blocks": self.outside,
+                "blocks": [{"block": name, **report.to_json()} for name, report in self.blocks],
+                "peak_resident_gib": self.memory.peak if self.memory is not None else None}
+
+
+def _block_list(spec: Spec, model: torch.nn.Module) -> list[tuple[str, Any]]:
+    """The spec's blocks (``BLOCKS`` or ``blocks()``), or the default: PyTorch's largest ``ModuleList``/``Sequential``
+    of modules of one class, paired by index with the only list of as many modules in the port (NNX, Equinox)."""
+    if spec.blocks is not None:
+        blocks = spec.blocks() if callable(spec.blocks) else spec.blocks
+        try:
+            blocks = [(str(name), port) for name, port in blocks]
+        except (TypeError, ValueError) as error:
+            raise SpecError("blocks() must return a list of (PyTorch module name, the port's block) pairs") from error
+        if not blocks:
+            raise SpecError("blocks() returned no blocks")
+        names = dict(model.named_modules())
+        unknown = [name for name, _ in blocks if name not in names]
+        if unknown:
+            raise SpecError(f"blocks() names {', '.join(map(repr, unknown[:3]))}, which PyTorch's model has no module "
+                            f"called (its containers: {', '.join(_containers(model)[:5]) or 'none'})")
+        return blocks
+    containers = _containers(model)
+    if not containers:
+        raise SpecError("--by-block: PyTorch's model has no ModuleList or Sequential of two or more modules of one "
+                        "class; name the blocks in the spec: blocks() returning [(PyTorch module name, the port's "
+                        "block), ...]")
+    container = containers[0]
+    children = [f"{container}.{name}" for name, _ in model.get_submodule(container).named_children()]
+    port = spec.jax_model() if spec.jax_model is not None else None
+    if port is None or apis._is_linen(port):
+        raise SpecError(f"--by-block: PyTorch's blocks are {container}.0 … {container}.{len(children) - 1}; a "
+                        f"{'Linen' if port is not None else 'plain-function'} port's blocks cannot be found by looking "
+                        "at it: name them in the spec, blocks() returning [(PyTorch module name, the port's block "
+                        f"module), ...] (examples/port/gpt2.py)")
+    lists = _module_lists(port[0] if isinstance(port, tuple) else port, len(children))
+    if len(lists) != 1:
+        found = "none" if not lists else ", ".join(path for path, _ in lists)
+        raise SpecError(f"--by-block: PyTorch's blocks are {container}.0 … {container}.{len(children) - 1}; the port "
+                        f"has {'no list' if not lists else 'more than one list'} of {len(children)} modules ({found}): "
+                        "name them in the spec, blocks() returning [(PyTorch module name, the port's block), ...]")
+    return list(zip(children, lists[0][1]))
+
+
+def _containers(model: torch.nn.Module) -> list[str]:
+    """PyTorch's ModuleLists and Sequentials of two or more modules of one class, with parameters, largest first."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) and name:
+            children = list(module.children())
+            if len(children) >= 2 and len({type(c) for c in children}) == 1 and any(True for _ in module.parameters()):
+                found.append((sum(p.numel() for p in module.parameters()), name))
+    return [name for _, name in sorted(found, key=lambda f: -f[0])]
+
+
+def _module_lists(port, length: int, path: str = "", depth: int = 0) -> list[tuple[str, list]]:
+    """The port's attributes (to a depth of 3) that are lists or tuples of ``length`` modules."""
+    found = []
+    if depth > 3:
+        return found
+    for key, value in list(vars(port).items()) if hasattr(port, "__dict__") else []:
+        if key.startswith("_"):
+            continue
+        items = list(value) if isinstance(value, (list, tuple)) or type(value).__name__ == "List" else None
+        if items is not None and len(items) == length and all(hasattr(i, "__dict__") for i in items) \
+                and all(_is_module(i) for i in items):
+            found.append((f"{path}{key}", items))
+        elif _is_module(value):
+            found += _module_lists(value, length, f"{path}{key}.", depth + 1)
+    return found
+
+
+def _is_module(value) -> bool:
+    return apis._is_nnx(value) or apis._is_equinox(value) or apis._is_linen(value)
+
+
+def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) -> dict[str, dict]:
+    """Each block's inputs as they reach it and the cotangent of the model's loss at its output (float64 run; each
+    rounded to float32 for a float32 check, where both frameworks take those values)."""
+    records: dict[str, dict] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    modules = dict(model.named_modules())
+
+    def before(name):
+        def hook(_module, args):
+            if name in records:
+                raise SpecError(f"--by-block: the block {name} runs more than once in one forward pass (a block "
+                                "shared between places cannot be fed one input)")
+            if not all(torch.is_tensor(a) for a in args):
+                kinds = ", ".join(type(a).__name__ for a in args)
+                raise SpecError(f"--by-block: the block {name} is called with ({kinds}); block by block takes blocks "
+                                "called with tensors only")
+            records[name] = {"inputs": tuple(a.detach().cpu().numpy().copy() for a in args)}
+        return hook
+
+    def after(name):
+        def hook(_module, _args, out):
+            outputs[name] = select_output(out, spec.block_output, f"PyTorch's block {name}")
+        return hook
+
+    handles = [modules[n].register_forward_pre_hook(before(n)) for n in names]
+    handles += [modules[n].register_forward_hook(after(n)) for n in names]
+    inputs = [torch.as_tensor(np.asarray(x)).double() if np.asarray(x).dtype.kind == "f" else torch.as_tensor(np.asarray(x))
+              for x in spec.example_inputs()]
+    targets = [torch.as_tensor(np.asarray(x)).double() if np.asarray(x).dtype.kind == "f" else torch.as_tensor(np.asarray(x))
+               for x in (spec.example_targets() if spec.example_targets else ())]
+    try:
+        output = select_output(model(*inputs), spec.output, "PyTorch's model")
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [n for n in names if n not in records]
+    if missing:
+        raise SpecError(f"--by-block: PyTorch's model did not run the block(s) {', '.join(missing[:3])} on the example "
+                        "inputs")
+    if spec.torch_loss is not None:
+        loss = call_loss(spec.torch_loss, "torch_loss", output, inputs, targets)
+        cotangents = torch.autograd.grad(loss, [outputs[n] for n in names], allow_unused=True)
+        for name, cotangent in zip(names, cotangents):
+            value = torch.zeros_like(outputs[name]) if cotangent is None else cotangent
+            records[name]["cotangent"] = value.detach().cpu().numpy().copy()
+    if dtype == "float32":
+        for record in records.values():
+            record["inputs"] = tuple(x.astype(np.float32) if x.dtype.kind == "f" else x for x in record["inputs"])
+            if "cotangent" in record:
+                record["cotangent"] = record["cotangent"].astype(np.float32)
+    return records
+
+
+def _block_spec(spec: Spec, name: str, template: torch.nn.Module, port, record: dict) -> Spec:
+    """The check-port spec of one block: PyTorch's block against the port's, on the block's recorded inputs."""
+    port_of = port if _is_module(port) or isinstance(port, tuple) else None
+    if port_of is None:
+        if not callable(port):
+            raise SpecError(f"blocks(): the port's block for {name} is a {type(port).__name__}, not a module (Linen, NNX, "
+                            "Equinox) nor a function that builds one")
+    first = port_of[0] if isinstance(port_of, tuple) else port_of  # Equinox's (module, state)
+    # the API's usual layout (Linen, NNX: channels-last); a function that builds the block: read off its output's shape
+    channels_last = None if first is None else (apis._is_linen(first) or apis._is_nnx(first))
+    inputs = record["inputs"]
+    changes = dict(torch_model=lambda: copy.deepcopy(template), jax_model=(lambda: port) if port_of is not None else port,
+                   example_inputs=lambda: inputs, example_targets=None, to_jax=spec.block_to_jax,
+                   from_jax=spec.block_from_jax, param_map=None, jax_params=None, jax_apply=None, jax_state=None,
+                   output=spec.block_output, blocks=None, name=f"{spec.name} [{name}]",
+                   torch_loss=None, jax_loss=None, torch_optimizer=None, jax_optimizer=None)
+    if "cotangent" in record:
+        cotangent = record["cotangent"]
+        moved = np.asarray(default_to_jax(cotangent)[0])
+        if spec.block_to_jax is not None:
+            chosen = np.asarray(spec.block_to_jax(cotangent)[0])
+        elif channels_last is not None:
+            chosen = moved if channels_last else cotangent
+        else:
+            chosen = None
+
+        def torch_loss(output, *rest):
+            return torch.sum(output * rest[-1])
+
+        def jax_loss(output, *rest):
+            port_cotangent = chosen
+            if port_cotangent is None:
+                port_cotangent = cotangent if tuple(output.shape) == cotangent.shape else moved
+            if tuple(output.shape) != port_cotangent.shape:
+                raise SpecError(f"--by-block: the port's block {name} gives {tuple(output.shape)} where PyTorch's "
+                                f"output is {cotangent.shape} in the port's layout {port_cotangent.shape} "
+                                "(block_to_jax/block_from_jax say how to convert)")
+            return jnp.sum(output * jnp.asarray(port_cotangent, output.dtype))
+
+        changes.update(example_targets=lambda: (cotangent,), torch_loss=torch_loss, jax_loss=jax_loss,
+                       torch_optimizer=spec.torch_optimizer, jax_optimizer=spec.jax_optimizer)
+    return dataclasses.replace(spec, **changes)
+
+
+def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
+                   programs: tuple[str, ...] | None = None, torch_state: dict | None = None) -> BlockReport:
+    """Check the port block by block (see the module's docstring): the PyTorch model run once in float64 to record
+    each block's inputs and cotangent, then :func:`check_port` on each block, one at a time."""
+    import jax
+
+    phases = Phases()
+    torch.manual_seed(seed)
+    try:
+        model = spec.torch_model()
+    except Exception as error:
+        raise SpecError(f"the spec's torch_model() failed: {type(error).__name__}: {error}") from error
+    if torch_state is not None:
+        model.load_state_dict(torch_state)
+    model.train(spec.train)
+    with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext():
+        blocks = _block_list(spec, model)
+    names = [name for name, _ in blocks]
+    width = next((p.dtype for p in model.parameters()), torch.float32)
+    model.double()
+    records = _record(spec, model, names, dtype)
+    model.to(width)  # exact: the model's own values, widened and back
+    phases.mark("float64 run: blocks' inputs recorded")
+    covered = {id(p) for name in names for p in model.get_submodule(name).parameters()}
+    outside = [n for n, p in model.named_parameters() if id(p) not in covered]
+    templates = {name: model.get_submodule(name) for name in names}
+    del model  # what lies outside the blocks (an embedding of 50,257 × 768) is let go
+    reports = []
+    for name, port in blocks:
+        block_spec = _block_spec(spec, name, templates.pop(name), port, records.pop(name))
+        report = check_port(block_spec, dtype, steps, k, seed, programs or PROGRAMS)
+        report.memory = report.converted = None
+        # The block's loss, sum(output · cotangent), is the checker's own construction, not a quantity of the model (a
+        # sum of B·T·C terms that cancel, whose float32 rounding depends on the order of summation alone): not judged.
+        report.rows = [row for row in report.rows if row.stage.split(": ")[-1] != "loss"]
+        report.other_rows = [row for row in report.other_rows if row.stage.split(": ")[-1] != "loss"]
+        for row in report.rows + report.other_rows:  # named as in the whole model
+            row.name = name if row.name == "output" else f"{name}.{row.name}"
+        report.hints = {(stage, name if row == "output" else f"{name}.{row}"): hint
+                        for (stage, row), hint in report.hints.items()}
+        if not report.precision_findings:  # the likely causes were of the loss row alone
+            report.causes = []
+        reports.append((name, report))
+        jax.clear_caches()
+        phases.mark(f"block {name}")
+    return BlockReport(spec.name, dtype, k, reports, outside, phases)
+

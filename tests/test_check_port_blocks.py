@@ -1,0 +1,202 @@
+"""check-port block by block (``--by-block``, ``assert_port(by_block=True)``) and the GPT-2 example it is shown on.
+
+The GPT-2 example runs at its tiny size here (``GPT2_SIZE=tiny``: the same code, 3 layers of 32); the 124M model's
+check and its memory are measured by ``benchmarks/check_port_memory.py``.
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from functional_gan import testing
+from functional_gan.main import main
+from functional_gan.testing import blocks as by_block
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "port"
+
+
+def _gpt2(monkeypatch, mistake: str | None = None):
+    """examples/port/gpt2.py at its tiny size, as a spec module (loaded afresh: its size is read at import)."""
+    monkeypatch.setenv("GPT2_SIZE", "tiny")
+    if mistake:
+        monkeypatch.setenv("GPT2_MISTAKE", mistake)
+    else:
+        monkeypatch.delenv("GPT2_MISTAKE", raising=False)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    loader = importlib.util.spec_from_file_location("gpt2_tiny_spec", EXAMPLES / "gpt2.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
+
+
+def test_the_gpt2_port_with_tied_embedding_and_scanned_layers_agrees_and_lists_the_tie(monkeypatch):
+    report = testing.check_port(testing.spec_from_module(_gpt2(monkeypatch)), programs=("jit",))
+    assert report.passed, report.format()
+    assert report.tied == {"lm_head.weight": "transformer.wte.weight"}
+    assert "lm_head.weight" not in {p.torch_key for p in report.pairings}
+    assert [p.jax_name for p in report.pairings[:3]] == ["params/wte/embedding", "params/wpe/embedding",
+                                                         "params/h/ln_1/scale[0]"]
+
+
+def test_a_mistake_in_one_layer_is_named_in_the_same_block_whole_and_block_by_block(monkeypatch):
+    module = _gpt2(monkeypatch, "gelu-tanh-in-layer-1")
+    stage, layer = module.MISTAKES["gelu-tanh-in-layer-1"]
+    whole = testing.check_port(testing.spec_from_module(module), programs=("jit",))
+    first = whole.first_divergence
+    assert (first.stage, first.name) == (stage, layer), whole.format()
+
+    blocks = by_block.check_by_block(testing.spec_from_module(module), programs=("jit",))
+    assert blocks.exit_status() == 1
+    assert [name for name, _ in blocks.blocks] == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
+    verdicts = {name: report.exit_status() for name, report in blocks.blocks}
+    assert verdicts == {"transformer.h.0": 0, "transformer.h.1": 1, "transformer.h.2": 0}, blocks.format()
+    name, report = blocks.first_failing
+    assert name == "transformer.h.1" and report.first_divergence.stage == stage
+    assert report.first_divergence.name == layer  # named as in the whole model
+    assert blocks.outside == ["transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight",
+                              "transformer.ln_f.bias"]
+    assert "Block transformer.h.1: First divergence: forward, transformer.h.1.mlp.c_proj" in blocks.format()
+    # each block's rows: its 6 layers, its output, 12 gradients, 12 updates; not the checker's own loss
+    assert all(len(r.rows) == 31 and not any(row.stage == "loss" for row in r.rows) for _, r in blocks.blocks)
+
+
+@pytest.mark.slow  # the command-line test below checks the float32 agreement by block in the default suite
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_correct_port_agrees_block_by_block(monkeypatch, dtype):
+    blocks = testing.assert_port(_gpt2(monkeypatch), dtype=dtype, programs=("jit",), by_block=True)
+    assert len(blocks.blocks) == 3 and all(len(report.rows) == 31 for _, report in blocks.blocks)
+
+
+def test_a_blocks_loss_gives_the_models_own_gradients(monkeypatch):
+    """The block's loss, sum(output · the model loss's gradient at the block's output), has the model's gradient for
+    the block's parameters (the chain rule): checked in float64 against PyTorch's own backward of the whole model."""
+    module = _gpt2(monkeypatch)
+    spec = testing.spec_from_module(module)
+    torch.manual_seed(0)
+    model = module.GPT().double()
+    names = ["transformer.h.0", "transformer.h.2"]
+    records = by_block._record(spec, model, names, "float64")
+    idx, targets = (torch.as_tensor(a) for a in (*module.example_inputs(), *module.example_targets()))
+    model.zero_grad()
+    module.torch_loss(model(idx)[0], idx, targets).backward()
+    for name in names:
+        block = model.get_submodule(name)
+        copy = __import__("copy").deepcopy(block)
+        copy.zero_grad()
+        inputs = [torch.as_tensor(x) for x in records[name]["inputs"]]
+        (copy(*inputs) * torch.as_tensor(records[name]["cotangent"])).sum().backward()
+        for (key, own), (_, whole) in zip(copy.named_parameters(), block.named_parameters()):
+            np.testing.assert_allclose(own.grad.numpy(), whole.grad.numpy(), rtol=1e-10, atol=1e-14, err_msg=key)
+
+
+# --- the blocks found, or named -------------------------------------------------------------------------------------
+
+
+class _TorchStack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Linear(6, 8)
+        self.layers = torch.nn.ModuleList([_TorchBlock() for _ in range(3)])
+
+    def forward(self, x):
+        x = self.stem(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class _TorchBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(x))
+
+
+def _nnx_stack(mistake_in: int = -1):
+    import jax.numpy as jnp
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, mistake: bool, rngs):
+            self.fc, self.mistake = nnx.Linear(8, 8, rngs=rngs), mistake
+
+        def __call__(self, x):
+            return x + (jnp.sin if self.mistake else jnp.tanh)(self.fc(x))
+
+    class Stack(nnx.Module):
+        def __init__(self, rngs):
+            self.stem = nnx.Linear(6, 8, rngs=rngs)
+            self.layers = nnx.List([Block(i == mistake_in, rngs) for i in range(3)])
+
+        def __call__(self, x):
+            x = self.stem(x)
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    return Stack(nnx.Rngs(0))
+
+
+def _stack_spec(mistake_in: int = -1, **changes) -> testing.Spec:
+    import jax.numpy as jnp
+    import optax
+
+    spec = testing.Spec(
+        _TorchStack, jax_model=lambda: _nnx_stack(mistake_in),
+        example_inputs=lambda: (np.random.default_rng(0).normal(size=(5, 6)).astype(np.float32),),
+        example_targets=lambda: (np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32),),
+        torch_loss=lambda o, x, t: torch.mean((o - t) ** 2), jax_loss=lambda o, x, t: jnp.mean((o - t) ** 2),
+        torch_optimizer=lambda p: torch.optim.SGD(p, lr=0.1), jax_optimizer=lambda: optax.sgd(0.1))
+    import dataclasses
+
+    return dataclasses.replace(spec, **changes)
+
+
+def test_the_default_blocks_pair_a_modulelist_with_the_nnx_ports_list(monkeypatch):
+    report = by_block.check_by_block(_stack_spec(mistake_in=2), programs=("jit",))
+    assert [name for name, _ in report.blocks] == ["layers.0", "layers.1", "layers.2"]
+    assert report.outside == ["stem.weight", "stem.bias"]
+    assert [r.exit_status() for _, r in report.blocks] == [0, 0, 1], report.format()
+    first = report.first_failing[1].first_divergence  # fc agrees; sin for tanh after it: the block's output
+    assert (first.stage, first.name) == ("output", "layers.2")
+
+
+def test_blocks_that_cannot_be_found_or_are_misnamed_are_one_clear_error():
+    import flax.linen as fnn
+
+    class Linen(fnn.Module):
+        @fnn.compact
+        def __call__(self, x):
+            return fnn.Dense(8)(x)
+
+    with pytest.raises(testing.SpecError, match="layers.0 … layers.2; a Linen port.s blocks cannot be found"):
+        by_block.check_by_block(_stack_spec(jax_model=Linen), programs=("jit",))
+    with pytest.raises(testing.SpecError, match="names 'layers.7', which PyTorch's model has no module called"):
+        by_block.check_by_block(_stack_spec(blocks=lambda: [("layers.7", None)]), programs=("jit",))
+    with pytest.raises(testing.SpecError, match="no ModuleList or Sequential"):
+        by_block.check_by_block(_stack_spec(torch_model=lambda: torch.nn.Linear(6, 8)), programs=("jit",))
+
+
+def test_the_command_line_checks_block_by_block_and_writes_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPT2_SIZE", "tiny")
+    monkeypatch.delenv("GPT2_MISTAKE", raising=False)
+    out = tmp_path / "blocks.json"
+    status = main(["check-port", str(EXAMPLES / "gpt2.py"), "--by-block", "--program", "jit", "--json", str(out),
+                   "--memory"])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    assert "block by block: agreement (exit status 0); 3 blocks" in printed and "float64 run: blocks' inputs" in printed
+    data = json.loads(out.read_text())
+    assert data["by_block"] and [b["block"] for b in data["blocks"]] == ["transformer.h.0", "transformer.h.1",
+                                                                        "transformer.h.2"]
+    assert main(["check-port", str(EXAMPLES / "gpt2.py"), "--by-block", "--save", str(tmp_path / "w")]) == 2
+    assert "cannot be used with --by-block" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+    sys.modules.pop("port_spec_gpt2", None)
