@@ -6,7 +6,8 @@ For each spec and program choice: the wall time and the process's peak resident 
 what ``/usr/bin/time -v`` prints as "Maximum resident set size"), and the check's own phase table (``--memory``:
 the resident memory at the end of each phase and the peak so far, read from ``/proc/self/status``). Writes
 ``check-port-memory.json`` and ``.md`` to ``--out``. Run it alone on the machine: the times depend on the load, the
-memory does not. ``--quick`` checks the MNIST example only.
+memory does not. ``--quick`` checks the MNIST example only; ``--only gpt2.py`` one example's checks (the GPT-2 ones take
+about 2 minutes each and up to 20 GiB).
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ CHECKS = [  # (spec, what it is, extra flags)
     ("resnet50.py", "ResNet-50 (Bottleneck [3, 4, 6, 3], width 64), Linen, 23.5M parameters, SGD with momentum, "
                     "training mode, batch 4 of 32 × 32", ()),
     ("resnet50.py", "the same, the compiled program only", ("--program", "jit")),
+    ("gpt2.py", "GPT-2 small (nanoGPT, 124M parameters, tied embedding), Linen with nn.scan, AdamW, 2 × 64 tokens",
+     ("--program", "jit")),
+    ("gpt2.py", "the same, block by block (12 blocks)", ("--program", "jit", "--by-block")),
+    ("gpt2.py", "the same, both programs", ()),
+    ("gpt2.py", "the same, block by block, both programs", ("--by-block",)),
 ]
 
 
@@ -48,7 +54,8 @@ def measure(spec: Path, flags: tuple[str, ...]) -> dict:
         if code not in (0, 1, 3):
             raise RuntimeError(f"check-port {spec.name} {' '.join(flags)} exited {code}:\n{err[-2000:]}")
         peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-        rows = json.loads(report.read_text())["rows"]
+        data = json.loads(report.read_text())
+        rows = data["rows"] if "rows" in data else [row for block in data["blocks"] for row in block["rows"]]
     phases = out[out.index("Memory (resident"):].strip() if "Memory (resident" in out else ""
     return {"spec": spec.name, "flags": list(flags), "exit_status": code, "wall_s": round(wall, 1),
             "peak_gib": round(peak / 1024 ** 3, 2), "quantities": len(rows), "phases": phases}
@@ -70,10 +77,16 @@ def markdown(results: list[dict], machine: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="benchmarks/results", help="folder for check-port-memory.json and .md")
+    parser.add_argument("--out", default="benchmarks/results",
+                        help="folder for check-port-memory.json and .md (with --only: check-port-memory-SPEC.*)")
     parser.add_argument("--quick", action="store_true", help="the MNIST example only")
+    parser.add_argument("--only", metavar="SPEC", help="the checks of this example only (gpt2.py, resnet50.py, ...)")
     args = parser.parse_args(argv)
     checks = CHECKS[:1] if args.quick else CHECKS
+    if args.only:
+        checks = [c for c in checks if c[0] == args.only]
+        if not checks:
+            parser.error(f"--only: no check of {args.only!r}; the examples: {sorted({c[0] for c in CHECKS})}")
     results = []
     for spec, what, flags in checks:
         print(f"check-port {spec} {' '.join(flags)} ...", flush=True)
@@ -86,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     machine = f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "check-port-memory.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1) + "\n")
-    (out / "check-port-memory.md").write_text(markdown(results, machine))
-    print(f"Wrote {out / 'check-port-memory.md'}")
+    name = "check-port-memory" + (f"-{Path(args.only).stem}" if args.only else "")
+    (out / f"{name}.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown(results, machine))
+    print(f"Wrote {out / f'{name}.md'}")
     return 0
 
 
