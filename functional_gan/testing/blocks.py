@@ -236,10 +236,9 @@ def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) ->
 def _block_spec(spec: Spec, name: str, template: torch.nn.Module, port, record: dict) -> Spec:
     """The check-port spec of one block: PyTorch's block against the port's, on the block's recorded inputs."""
     port_of = port if _is_module(port) or isinstance(port, tuple) else None
-    if port_of is None:
-        if not callable(port):
-            raise SpecError(f"blocks(): the port's block for {name} is a {type(port).__name__}, not a module (Linen, NNX, "
-                            "Equinox) nor a function that builds one")
+    if port_of is None and not callable(port):
+        raise SpecError(f"blocks(): the port's block for {name} is a {type(port).__name__}, not a module (Linen, NNX, "
+                        "Equinox) nor a function that builds one")
     first = port_of[0] if isinstance(port_of, tuple) else port_of  # Equinox's (module, state)
     # the API's usual layout (Linen, NNX: channels-last); a function that builds the block: read off its output's shape
     channels_last = None if first is None else (apis._is_linen(first) or apis._is_nnx(first))

@@ -579,15 +579,6 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         rows: dict[str, list[Row]] = {program: [] for program in programs}
         for step in range(1, steps + 1):
             last = step == steps
-            # Each program's start (and the float64 twin's) is PyTorch64's parameters and statistics before its step:
-            # taken now where the reference's optimizer steps in _torch_steps, else as each program comes to it (held one
-            # at a time), from the state that step started from.
-            before: dict = {}
-            if not last:
-                before = {program: _start_of_step(run, width, own_state[program]) for program in programs}
-                if twin_program:
-                    with jax.enable_x64(True):
-                        before64 = _start_of_step(run, jnp.float64, own_state[twin_program])
             opt_before = dict(opt_states)
             try:
                 seen, params_state = _torch_steps(run, last=last)
@@ -607,38 +598,36 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
             # float32 error, kept as numbers), then the others.
             measures: dict = {}
             for program in order:
+                # Each program's start (its float64 twin's, its update stage's) is made when it comes to it, one at a
+                # time, from the state PyTorch's step started from (the reference's statistics have moved since).
                 own_before = own_state[program]
-                if program not in before:  # from the state PyTorch's step started from (its statistics have moved)
-                    before[program] = _start_of_step(run, width, own_state[program], params_state)
+                start = _start_of_step(run, width, own_before, params_state)
                 if program not in opt_states:
-                    opt_states[program] = optimizer.init(before[program]["params"]) if optimizer is not None else None
+                    opt_states[program] = optimizer.init(start["params"]) if optimizer is not None else None
                 function = functions[program]
                 if program == "eager" and last:
                     function = last_step_fn
                 elif program == "jit" and program not in opt_before and optimizer is not None:
                     function = donating
                     opt_states[program] = _unshared(opt_states[program])
-                outcome = _run_program(run, function, program, before[program], opt_states[program],
+                outcome = _run_program(run, function, program, start, opt_states[program],
                                        first=step == 1 and program == order[0])
                 if step == 1 and program == order[0]:
                     _check_dtypes(outcome, dtype, run)
                     uncaptured = [n or "(model)" for n in seen["ref"]["layers"]
                                   if run.layer_paths[n] not in outcome["layers"]]
-                # the optimizer's state goes on to the next step; after the last, nothing reads it
-                opt_states[program] = outcome.pop("opt_state", None) if not last else None
-                outcome.pop("opt_state", None)
-                own_state[program] = {"batch_stats": outcome.get("batch_stats") or before[program]["batch_stats"],
+                state = outcome.pop("opt_state", None)  # to the next step; after the last, nothing reads it
+                opt_states[program] = None if last else state
+                own_state[program] = {"batch_stats": outcome.get("batch_stats") or start["batch_stats"],
                                       "carry": outcome.get("carry")}
-                if last:  # made again for the update stage, from the same state, when it comes to it
-                    del before[program]
+                del start, state
                 _let_go_of_programs(program)
                 phases.mark(f"step {step}: the port, {program}")
                 if program == twin_program:
-                    if last:
-                        with jax.enable_x64(True):
-                            before64 = _start_of_step(run, jnp.float64, own_before, params_state)
-                    twin = _float64_twin(run, twin_function, before64)
-                    del before64
+                    with jax.enable_x64(True):
+                        start64 = _start_of_step(run, jnp.float64, own_before, params_state)
+                    twin = _float64_twin(run, twin_function, start64)
+                    del start64
                     narrow = _narrow(twin, run)
                     if narrow:  # a port that fixes its own dtype: no float64 twin, nothing can be called precision
                         run.notes.add(f"the port run in float64 computes in {narrow[1]} ({narrow[0]} gives {narrow[1]} from "
@@ -656,8 +645,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     fed = _fed_updates(run, program, params_state, outcome["grads"], last=last)
                     phases.mark(f"step {step}: PyTorch's optimizers fed {program}'s gradients")
                     if update_in_float64 is not None:  # the update stage's own float32 error, from the same gradients
-                        params = (before[program] if not last else
-                                  variables_from_torch(params_state, run.pairings, run.adapter.variables, width))["params"]
+                        params = _start_of_step(run, width, own_before, params_state)["params"]
                         update64 = update_in_float64(params, outcome["grads"], opt_before.get(program))
                         del params
                         phases.mark(f"step {step}: {program}'s update in float64")
@@ -667,7 +655,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 if last:  # this program's update-stage optimizers are done, and float32's float64 working model with
                     # them (the next program's builds its own: a gigabyte for 124M parameters, not held in between)
                     run.shadows[program] = {}
-                    run.working = {d: m for d, m in run.working.items() if d == torch.float32 or dtype == "float64"}
+                    if dtype == "float32":
+                        run.working.pop(torch.float64, None)
                 phases.mark(f"step {step}: rows of {program}")
             del measures
     report = Report(spec.name, dtype, k, run.pairings, rows[programs[0]], run.adapter.api, tuple(programs),

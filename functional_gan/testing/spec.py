@@ -89,7 +89,7 @@ def select_output(output, field: str | int | None, side: str):
             fields = _fields_of(output)
             raise SpecError(f"{side} returns a {type(output).__name__}, which has no field {field!r} (OUTPUT)"
                             + (f"; its fields: {', '.join(fields)}" if fields else "")) from error
-    if (hasattr(output, "shape") and hasattr(output, "dtype")) or isinstance(output, (int, float)):
+    if isinstance(output, (int, float)):
         return output
     fields = _fields_of(output)
     kind = type(output).__name__

@@ -91,57 +91,42 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
     return seen
 
 
-def step_with_gradients(model: torch.nn.Module, optimizer, gradients: dict[str, np.ndarray],
-                        start: dict | None = None) -> torch.nn.Module:
-    """One PyTorch optimizer step with the given gradients (by parameter name, PyTorch's layout), from the
-    parameters ``start`` (a state_dict) when given: PyTorch's optimizer fed another framework's gradients.
-    Returns ``model``, updated."""
-    if start is not None:
-        load_into(model, start)
-    optimizer.zero_grad()
-    dtype = next(model.parameters()).dtype
-    for name, parameter in model.named_parameters():
-        if name in gradients:
-            parameter.grad = torch.tensor(np.array(gradients[name]), dtype=dtype)
-    optimizer.step()
-    return model
+class _ByName(Mapping):
+    """Per PyTorch parameter name (the pairing's), a value converted when it is read, not all at once (a model of 124M
+    parameters is 1 GB in float64)."""
+
+    def __init__(self, pairings: list[Pairing]):
+        self.pairings = {p.torch_key: p for p in pairings if p.collection == "params"}
+
+    def __iter__(self):
+        return iter(self.pairings)
+
+    def __len__(self):
+        return len(self.pairings)
 
 
-class _Gradients(Mapping):
-    """The port's gradients in PyTorch's layout, by PyTorch name, each converted when it is read (not all at once)."""
+class _Gradients(_ByName):
+    """The port's gradients in PyTorch's layout."""
 
     def __init__(self, pairings: list[Pairing], jax_grads):
-        self.pairings = {p.torch_key: p for p in pairings if p.collection == "params"}
+        super().__init__(pairings)
         self.jax_grads = jax_grads
 
     def __getitem__(self, name):
         p = self.pairings[name]
         return p.to_torch(np.asarray(p.leaf(self.jax_grads), np.float64))
 
-    def __iter__(self):
-        return iter(self.pairings)
 
-    def __len__(self):
-        return len(self.pairings)
-
-
-class ParamsOf(Mapping):
-    """A model's paired parameters in the port's layout, float64, by PyTorch name, each read when it is asked for (not
-    all at once: a model of 124M parameters is 1 GB in float64)."""
+class ParamsOf(_ByName):
+    """A model's paired parameters in the port's layout, float64."""
 
     def __init__(self, model: torch.nn.Module, pairings: list[Pairing]):
+        super().__init__(pairings)
         self.tensors = dict(model.named_parameters())
-        self.pairings = {p.torch_key: p for p in pairings if p.collection == "params"}
 
     def __getitem__(self, name):
         p = self.pairings[name]
         return np.array(p.to_jax(self.tensors[name].detach().cpu().double().numpy()), np.float64)
-
-    def __iter__(self):
-        return iter(self.pairings)
-
-    def __len__(self):
-        return len(self.pairings)
 
 
 def load_into(model: torch.nn.Module, state: dict) -> None:
@@ -159,22 +144,23 @@ def load_into(model: torch.nn.Module, state: dict) -> None:
 CHUNK = 1 << 24  # elements of parameters stepped at a time by fed_update (128 MB of float64 gradients)
 
 
-def fed_update(model, optimizer, start: dict, pairings: list[Pairing], jax_grads, last: bool,
-               chunk: int = CHUNK) -> ParamsOf:
-    """PyTorch's optimizer step from ``start`` with the port's gradients; the parameters after it in the port's layout,
-    read from the model when asked for.
+def step_with_gradients(model: torch.nn.Module, optimizer, gradients, start: dict | None = None,
+                        chunk: float = float("inf"), last: bool = False) -> torch.nn.Module:
+    """One PyTorch optimizer step with the given gradients (by parameter name, PyTorch's layout), from the
+    parameters ``start`` (a state_dict) when given: PyTorch's optimizer fed another framework's gradients.
+    Returns ``model``, updated.
 
-    The step is taken a few parameters at a time: each group's gradients are given, the optimizer steps (PyTorch's
-    optimizers step only the parameters that have a gradient, each with a state of its own), and the gradients are let
-    go, with the group's optimizer state after the ``last`` step. Every parameter is stepped once, as one step over
-    all of them would; what is held at once is a group's gradients and state, not the model's (3 GB for AdamW over
-    124M parameters in float64). An optimizer from outside ``torch.optim`` steps every parameter at once (its step may
-    couple them)."""
-    load_into(model, start)
+    With a finite ``chunk`` the step is taken a few parameters at a time (``chunk`` elements): each group's gradients
+    are given, the optimizer steps (PyTorch's optimizers step only the parameters that have a gradient, each with a
+    state of its own), and the gradients are let go, with the group's optimizer state after the ``last`` step. Every
+    parameter is stepped once, as one step over all of them would; what is held at once is a group's gradients and
+    state, not the model's (3 GB for AdamW over 124M parameters in float64). An optimizer from outside ``torch.optim``
+    steps every parameter at once (its step may couple them)."""
+    if start is not None:
+        load_into(model, start)
     optimizer.zero_grad()
     if not type(optimizer).__module__.startswith("torch.optim"):  # an optimizer of one's own may couple parameters
         chunk = float("inf")
-    gradients = _Gradients(pairings, jax_grads)
     dtype = next(model.parameters()).dtype
     stepped = [(name, parameter) for name, parameter in model.named_parameters() if name in gradients]
     group, size = [], 0
@@ -189,4 +175,13 @@ def fed_update(model, optimizer, start: dict, pairings: list[Pairing], jax_grads
                 if last:
                     optimizer.state.pop(done, None)
             group, size = [], 0
+    return model
+
+
+def fed_update(model, optimizer, start: dict, pairings: list[Pairing], jax_grads, last: bool,
+               chunk: int = CHUNK) -> ParamsOf:
+    """PyTorch's optimizer step from ``start`` with the port's gradients, ``chunk`` elements of parameters at a time
+    (see :func:`step_with_gradients`); the parameters after it in the port's layout, read from the model when asked
+    for."""
+    step_with_gradients(model, optimizer, _Gradients(pairings, jax_grads), start, chunk, last)
     return ParamsOf(model, pairings)
