@@ -7,7 +7,7 @@ what ``/usr/bin/time -v`` prints as "Maximum resident set size"), and the check'
 the resident memory at the end of each phase and the peak so far, read from ``/proc/self/status``). Writes
 ``check-port-memory.json`` and ``.md`` to ``--out``. Run it alone on the machine: the times depend on the load, the
 memory does not. ``--quick`` checks the MNIST example only; ``--only gpt2.py`` one example's checks (the GPT-2 ones take
-about 2 minutes each and up to 20 GiB).
+about 2 minutes each and up to 12 GiB).
 """
 
 from __future__ import annotations
@@ -26,14 +26,20 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "port"
 CHECKS = [  # (spec, what it is, extra flags)
     ("mnist_cnn_nnx.py", "pytorch/examples' MNIST Net, Flax NNX, 1.2M parameters, Adadelta", ()),
-    ("resnet50.py", "ResNet-50 (Bottleneck [3, 4, 6, 3], width 64), Linen, 23.5M parameters, SGD with momentum, "
-                    "training mode, batch 4 of 32 × 32", ()),
+    ("resnet50_nnx.py", "torchvision's ResNet-50 (25.6M parameters), Flax NNX, SGD with momentum, training mode, "
+                        "batch 4 of 32 × 32", ()),
+    ("resnet50_nnx.py", "the same, the compiled program only", ("--program", "jit")),
+    ("resnet50.py", "ResNet-50 with a CIFAR stem (the first stage at 32 × 32: activations 16 times torchvision's), "
+                    "Linen, 23.5M parameters, SGD with momentum, training mode, batch 4 of 32 × 32", ()),
     ("resnet50.py", "the same, the compiled program only", ("--program", "jit")),
     ("gpt2.py", "GPT-2 small (nanoGPT, 124M parameters, tied embedding), Linen with nn.scan, AdamW, 2 × 64 tokens",
      ("--program", "jit")),
     ("gpt2.py", "the same, block by block (12 blocks)", ("--program", "jit", "--by-block")),
     ("gpt2.py", "the same, both programs", ()),
     ("gpt2.py", "the same, block by block, both programs", ("--by-block",)),
+    ("gpt2.py", "the same in float64, the compiled program", ("--dtype", "float64", "--program", "jit")),
+    ("gpt2.py", "the same in float64, both programs", ("--dtype", "float64")),
+    ("gpt2.py", "the same in float64, block by block, both programs", ("--dtype", "float64", "--by-block")),
 ]
 
 

@@ -377,6 +377,99 @@ def test_a_tied_embedding_pairs_once_and_its_gradient_sums_over_its_uses(dtype):
     assert gradient.passed  # the sum over both uses: the embedding's and the output layer's
 
 
+# --- what a program run op by op holds ------------------------------------------------------------------------------
+
+_COMPILED = "/jax/core/compile/backend_compile_duration"
+
+
+def _op_by_op_loss(w):
+    """An op-by-op computation at 5 slice shapes: each operation at each shape is a program of its own."""
+    return sum(jnp.tanh(w[:n] * 1.5).sum() * jnp.sin(w[n]) for n in range(1, 6))
+
+
+def _compilations(call):
+    """(call's result, how many XLA programs JAX compiled while it ran), counted with jax.monitoring."""
+    count = []
+    listener = lambda event, duration, **_: count.append(event) if event == _COMPILED else None  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        return call(), len(count)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_programs_compiled_op_by_op_are_let_go_past_the_bound_with_the_same_numbers():
+    from functional_gan.testing.memory import op_programs_bounded
+
+    w = jnp.linspace(-1.0, 1.0, 7)
+    grad = jax.grad(_op_by_op_loss)
+    jax.clear_caches()
+    unbounded, first = _compilations(lambda: np.asarray(grad(w)))
+    _, again = _compilations(lambda: np.asarray(grad(w)))
+    assert first > 20 and again == 0  # JAX keeps every program it compiled op by op: the second run compiles none
+    jax.clear_caches()
+    with op_programs_bounded(held=4):
+        bounded, first_bounded = _compilations(lambda: np.asarray(grad(w)))
+        repeated, again_bounded = _compilations(lambda: np.asarray(grad(w)))
+    # At most 4 held: the second run compiles again nearly all the first did (the programs were let go)...
+    assert first_bounded >= first and again_bounded > first - 4
+    # ...and they are the same programs: the same numbers, bit for bit.
+    np.testing.assert_array_equal(bounded, unbounded)
+    np.testing.assert_array_equal(repeated, unbounded)
+    # Outside the block, JAX keeps its programs again.
+    _compilations(lambda: np.asarray(grad(w)))
+    _, after = _compilations(lambda: np.asarray(grad(w)))
+    assert after == 0
+
+
+def test_where_jax_dispatches_elsewhere_the_bound_is_a_no_op(monkeypatch):
+    from jax._src import dispatch
+
+    from functional_gan.testing.memory import op_programs_bounded
+
+    monkeypatch.delattr(dispatch, "xla_primitive_callable")
+    with op_programs_bounded(held=1):
+        pass
+    assert not hasattr(dispatch, "xla_primitive_callable")
+
+
+@pytest.mark.parametrize("api", ["nnx", "equinox"])
+def test_the_adapter_does_not_hold_the_ports_initial_parameters_once_paired(api):
+    """Every step's variables come from PyTorch's tensors (the pairing): the port's own initial values of the paired
+    leaves are held nowhere once the checker keeps their shapes (a second copy of a ResNet-50's parameters)."""
+    import gc
+    import weakref
+
+    from functional_gan.testing import apis
+    from functional_gan.testing.pairing import shapes_of_paired, transfer
+
+    torch.manual_seed(0)
+    torch_model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    if api == "nnx":
+        from flax import nnx
+
+        made = nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.Linear(4, 2, rngs=nnx.Rngs(1)))
+        initial = [made.layers[0].kernel.get_value(), made.layers[1].bias.get_value()]
+    else:
+        import equinox as eqx
+
+        keys = jax.random.split(jax.random.key(0))
+        made = eqx.nn.Sequential([eqx.nn.Linear(3, 4, key=keys[0]), eqx.nn.Linear(4, 2, key=keys[1])])
+        initial = [made.layers[0].weight, made.layers[1].bias]
+    held = [weakref.ref(a) for a in initial]
+    x = jnp.ones((2, 3) if api == "nnx" else (3,))  # an Equinox layer takes one sample
+    spec = testing.Spec(lambda: torch_model, jax_model=lambda: made, example_inputs=lambda: (np.asarray(x),))
+    adapter = apis.adapter_for(spec, lambda channels_last: (x,), 0)
+    adapter.variables = shapes_of_paired(adapter.variables, transfer(torch_model, adapter.variables, None, adapter.kinds))
+    del made, initial
+    gc.collect()
+    assert [ref() for ref in held] == [None, None]
+    # The port still runs, from variables that hold PyTorch's values (as each step's do).
+    values = jax.tree_util.tree_map(lambda s: jnp.full(s.shape, 0.5, s.dtype), adapter.variables)
+    output, _, _, _ = adapter.apply(values, (x,), False)
+    np.testing.assert_allclose(np.asarray(output), np.full(x.shape[:-1] + (2,), 0.5 + 0.5 * 4 * (0.5 + 0.5 * 3)))
+
+
 # --- the benchmark of check-port's size -----------------------------------------------------------------------------
 
 

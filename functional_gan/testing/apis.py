@@ -519,6 +519,12 @@ def _nnx_adapter(spec, model) -> Adapter:
         if kind is not None and hasattr(variable.get_value(), "shape"):
             collections.setdefault(kind, {})[key] = variable.get_value()
     canonical = {c: _nested(collections.get(c, {})) for c in ("params", "batch_stats")}
+    # Each step's variables hold every one of these leaves (PyTorch's tensors, or the port's own initial values kept in
+    # ``canonical``): the model rebuilt for a step keeps their shapes only, not a second copy of the port's parameters.
+    for key in [key for leaves in collections.values() for key in leaves]:
+        path, variable = flat[key]
+        value = variable.get_value()
+        flat[key] = (path, variable.replace(jax.ShapeDtypeStruct(value.shape, value.dtype)))
     modules = _modules_by_path(model, lambda m: isinstance(m, nnx.Module))
     kinds = {path: type(m).__name__ for path, m in modules.items()}
     # The port's other state (RNG counters, caches, a Variable type of its own): carried from step to step as is.
@@ -597,7 +603,11 @@ def _equinox_adapter(spec, made, seed: int = 0) -> Adapter:
     canonical = {"params": _nested({path: leaf for path, (_, leaf) in arrays.items()}),
                  "batch_stats": _nested({path: _state_value(_clone(state), *where) for path, where in stateful.items()})}
     kinds = {path: f"eqx.{type(m).__name__}" for path, m in modules.items()}
-    template = [leaf for _, leaf in leaves]
+    # Each step's variables hold every parameter (PyTorch's tensors, or the port's initial values kept in
+    # ``canonical``): the structure rebuilt for a step keeps their shapes only, not a second copy of them.
+    filled = {i for i, _ in arrays.values()}
+    template = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) if i in filled else leaf for i, (_, leaf) in enumerate(leaves)]
+    arrays = {path: (i, None) for path, (i, _) in arrays.items()}
 
     key = _equinox_key(model, seed)
 

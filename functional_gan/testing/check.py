@@ -74,7 +74,7 @@ from . import apis
 from .jax_side import _check_dtypes, _jax_step_function
 from .pairing import (Pairing, _get, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
                       torch_in_flax_layout, transfer, variables_from_torch)
-from .memory import Phases
+from .memory import Phases, op_programs_bounded
 from .precision import likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
 from .spec import Spec, SpecError
@@ -548,6 +548,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
     with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext(), jax.default_matmul_precision("highest"):
         phases = Phases()
         run = _prepare(spec, dtype, k, seed, programs, torch_state)
+        jax.clear_caches()  # the programs of the port's construction (run op by op, as NNX and Equinox build models)
         phases.mark("PyTorch models built, port paired")
         if export:  # the weights as they start, before any step changes them
             start = variables_from_torch(run.sides["ref"][0], run.pairings, run.adapter.variables, jnp.float32)
@@ -610,8 +611,9 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 elif program == "jit" and program not in opt_before and optimizer is not None:
                     function = donating
                     opt_states[program] = _unshared(opt_states[program])
-                outcome = _run_program(run, function, program, start, opt_states[program],
-                                       first=step == 1 and program == order[0])
+                with op_programs_bounded() if program == "eager" else contextlib.nullcontext():
+                    outcome = _run_program(run, function, program, start, opt_states[program],
+                                           first=step == 1 and program == order[0])
                 if step == 1 and program == order[0]:
                     _check_dtypes(outcome, dtype, run)
                     uncaptured = [n or "(model)" for n in seen["ref"]["layers"]
@@ -626,7 +628,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 if program == twin_program:
                     with jax.enable_x64(True):
                         start64 = _start_of_step(run, jnp.float64, own_before, params_state)
-                    twin = _float64_twin(run, twin_function, start64)
+                    with op_programs_bounded() if program == "eager" else contextlib.nullcontext():
+                        twin = _float64_twin(run, twin_function, start64)
                     del start64
                     narrow = _narrow(twin, run)
                     if narrow:  # a port that fixes its own dtype: no float64 twin, nothing can be called precision

@@ -1,11 +1,13 @@
 """Resident memory of the checking process, phase by phase: what ``check-port --memory`` and the benchmark's
 check-port rows report. Linux reads ``/proc/self/status`` (the resident set now, VmRSS, and its peak so far, VmHWM);
-elsewhere the peak comes from ``resource.getrusage`` and the current size is not known."""
+elsewhere the peak comes from ``resource.getrusage`` and the current size is not known. And a bound on what JAX holds
+of a program run op by op (:func:`op_programs_bounded`)."""
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import ctypes
+import dataclasses
 import ctypes.util
 import gc
 import resource
@@ -78,3 +80,47 @@ class Phases:
             now = f"{m.resident / gib:6.2f}" if m.resident is not None else "     ?"
             lines.append(f"  {m.name:{width}} {now} {m.peak / gib:6.2f} {m.seconds:7.1f}")
         return "\n".join(lines)
+
+
+# Op by op, JAX compiles a program for each operation at each shape it meets and keeps every one until the process
+# ends: about 1 MB apiece on XLA:CPU (each executable with its lowering), some 800 for a ResNet-50's training step,
+# 1.3 GB held for the whole of a run whose arrays are a tenth of that. A bound on how many are held costs their
+# compilation again (the same programs: the same numbers) for a peak that no longer grows with the model's depth.
+OP_PROGRAMS_HELD = 100
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring's event for each XLA compilation
+
+
+@contextlib.contextmanager
+def op_programs_bounded(held: int = OP_PROGRAMS_HELD):
+    """Within the block, JAX's caches are cleared (``jax.clear_caches``) before an operation dispatched op by op
+    whenever ``held`` programs have been compiled since the last clearing. The compilations are counted with
+    ``jax.monitoring``; the operations are met where JAX dispatches one (``jax._src.dispatch.xla_primitive_callable``,
+    JAX's own and not public: where a JAX version has it elsewhere, nothing is bounded and the run is as before)."""
+    import jax
+    from jax import monitoring
+
+    try:
+        from jax._src import dispatch
+        original = dispatch.xla_primitive_callable
+    except (ImportError, AttributeError):
+        yield
+        return
+    compiled = [0]
+
+    def count(event: str, duration: float, **_) -> None:
+        if event == _COMPILE_EVENT:
+            compiled[0] += 1
+
+    def bounded(*args, **kwargs):
+        if compiled[0] >= held:
+            compiled[0] = 0
+            jax.clear_caches()
+        return original(*args, **kwargs)
+
+    monitoring.register_event_duration_secs_listener(count)
+    dispatch.xla_primitive_callable = bounded
+    try:
+        yield
+    finally:
+        dispatch.xla_primitive_callable = original
+        monitoring.unregister_event_duration_listener(count)
