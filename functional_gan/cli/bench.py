@@ -28,6 +28,12 @@ def add_bench(subparsers) -> None:
     p.add_argument("--json", metavar="FILE", help="write one record per workload × framework × batch")
     p.add_argument("--markdown", metavar="FILE", help="write the tables, the method and the machine as Markdown")
     p.add_argument("--plot", metavar="FILE", help="scaling plot (PNG; default: beside --markdown or --json)")
+    p.add_argument("--check-port", nargs="?", const="all", metavar="SPEC",
+                   help="instead of the frameworks' timings: check-port's wall time and peak memory on the example "
+                   "ports of a clone (examples/port: ResNet-50, GPT-2 124M in float32 and float64, whole and block by "
+                   "block; about 25 minutes and up to 12 GiB on 2 cores), each check a process of its own, written as "
+                   "check-port-memory.json and .md beside --json/--markdown (default: benchmarks/results); SPEC: one "
+                   "example's checks (gpt2.py, resnet50_nnx.py, ...); --quick: the MNIST example only")
 
 
 def _plan(args):
@@ -50,6 +56,8 @@ def run_bench(args) -> int:
     (and K steps in one lax.scan), PyTorch eager and torch.compile.
     """
     torch_side("torch", "the benchmark (it compares with PyTorch)")
+    if args.check_port:
+        return _check_port_rows(args)
     from functional_gan.benchmarks import bench, report
 
     plan = _plan(args)
@@ -76,3 +84,23 @@ def run_bench(args) -> int:
         Path(args.markdown).write_text(report.to_markdown(ctx, records, plot, command, bench.method()))
         print(f"Wrote {args.markdown}")
     return 0
+
+
+def _check_port_rows(args) -> int:
+    """``bench --check-port``: the rows of :mod:`functional_gan.benchmarks.check_port_memory`."""
+    from functional_gan.benchmarks import check_port_memory
+
+    if not check_port_memory.EXAMPLES.is_dir():
+        raise UserError(f"bench --check-port checks the example ports of a clone of the repository "
+                        f"(examples/port), which the installed package does not hold: {check_port_memory.EXAMPLES} is "
+                        "not there; run it from a clone (pip install -e .)")
+    specs = sorted({spec for spec, _, _ in check_port_memory.CHECKS})
+    if args.check_port != "all" and args.check_port not in specs:
+        raise UserError(f"bench --check-port {args.check_port}: no such example; the examples measured: {', '.join(specs)}")
+    if args.check_port != "all" and args.quick:
+        raise UserError("bench --check-port: --quick (the MNIST example alone) and an example's name exclude each other")
+    target = args.json or args.markdown
+    out = str(Path(target).parent) if target else "benchmarks/results"
+    argv = ["--out", out] + (["--quick"] if args.quick else []) + \
+        (["--only", args.check_port] if args.check_port != "all" else [])
+    return check_port_memory.main(argv)
