@@ -377,6 +377,45 @@ def test_a_tied_embedding_pairs_once_and_its_gradient_sums_over_its_uses(dtype):
     assert gradient.passed  # the sum over both uses: the embedding's and the output layer's
 
 
+class _LinenUntiedLM(fnn.Module):
+    """A port that keeps its own output layer beside the embedding, where PyTorch ties the two (``tie``: its output
+    layer uses the embedding's array instead, through ``attend``)."""
+
+    tie: bool = False
+
+    @fnn.compact
+    def __call__(self, idx):
+        wte = fnn.Embed(11, 8, name="wte")
+        hidden = jnp.tanh(fnn.Dense(8, name="mix")(wte(idx)))
+        return _JaxOutput(logits=wte.attend(hidden) if self.tie else fnn.Dense(11, use_bias=False, name="lm_head")(hidden))
+
+
+def test_a_port_that_keeps_its_own_copy_of_a_tied_tensor_gets_pytorchs_values_and_is_named_at_its_gradient():
+    spec = testing.Spec(
+        _TiedLM, jax_model=_LinenUntiedLM, output="logits",
+        example_inputs=lambda: (np.random.default_rng(0).integers(0, 11, (3, 5)),),
+        example_targets=lambda: (np.random.default_rng(1).integers(0, 11, (3, 5)),),
+        to_jax=lambda *a: a, from_jax=np.asarray, torch_loss=_cross_entropy_torch, jax_loss=_cross_entropy_jax,
+        torch_optimizer=lambda p: torch.optim.SGD(p, lr=0.5), jax_optimizer=lambda: optax.sgd(0.5))
+    report = testing.check_port(spec, "float32", programs=("jit",))
+    # Both of the port's arrays hold PyTorch's one tensor (the embedding's, transposed for the Dense kernel)...
+    assert [(p.torch_key, p.jax_name) for p in report.pairings] == [
+        ("wte.weight", "params/wte/embedding"), ("mix.weight", "params/mix/kernel"), ("mix.bias", "params/mix/bias"),
+        ("lm_head.weight", "params/lm_head/kernel")]
+    # ...so everything up to the loss agrees; each copy's gradient is its own use's, PyTorch's the sum over both.
+    assert all(r.passed for r in report.rows if r.stage in ("forward", "output", "loss"))
+    failing = {r.name for r in report.rows if r.stage == "gradient" and not r.passed}
+    assert failing == {"wte.weight", "lm_head.weight"}
+    assert report.exit_status() == 1 and report.first_divergence.stage == "gradient"
+    text = report.format()
+    assert "lm_head.weight  =  wte.weight (tied in PyTorch: one tensor; the port holds a copy of its own" in text
+    assert ("PyTorch's lm_head.weight is wte.weight: one tensor, whose gradient is the sum over both its uses" in text
+            and "(wte/embedding and lm_head/kernel)" in text)
+    # The port that ties (one array, through attend) agrees: the copy's gradient was the difference.
+    assert_agrees(testing.check_port(dataclasses.replace(spec, jax_model=lambda: _LinenUntiedLM(tie=True)), "float32",
+                                     programs=("jit",)))
+
+
 # --- what a program run op by op holds ------------------------------------------------------------------------------
 
 _COMPILED = "/jax/core/compile/backend_compile_duration"
@@ -458,10 +497,11 @@ def test_the_adapter_does_not_hold_the_ports_initial_parameters_once_paired(api)
         initial = [made.layers[0].weight, made.layers[1].bias]
     held = [weakref.ref(a) for a in initial]
     x = jnp.ones((2, 3) if api == "nnx" else (3,))  # an Equinox layer takes one sample
-    spec = testing.Spec(lambda: torch_model, jax_model=lambda: made, example_inputs=lambda: (np.asarray(x),))
+    spec = testing.Spec(lambda: torch_model, jax_model=[made].pop, example_inputs=lambda: (np.asarray(x),))
+    del made
     adapter = apis.adapter_for(spec, lambda channels_last: (x,), 0)
     adapter.variables = shapes_of_paired(adapter.variables, transfer(torch_model, adapter.variables, None, adapter.kinds))
-    del made, initial
+    del initial
     gc.collect()
     assert [ref() for ref in held] == [None, None]
     # The port still runs, from variables that hold PyTorch's values (as each step's do).

@@ -277,8 +277,16 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
     # Each is an optimizer of its own (its state) over the working model of its dtype, built when it is first fed
     # (_shadow): float32's float64 working model then exists only for the update stage, and is let go after the last.
     shadows = {program: ({"ref": None, short: None} if spec.jax_optimizer is not None else {}) for program in programs}
-    return _Run(spec, dtype, k, inputs, targets, jax_inputs(adapter.channels_last), on_jax(targets), from_jax, adapter,
-                pairings, layer_paths, {}, sides, permutations, shadows, tied=tied, working=working)
+    run = _Run(spec, dtype, k, inputs, targets, jax_inputs(adapter.channels_last), on_jax(targets), from_jax, adapter,
+               pairings, layer_paths, {}, sides, permutations, shadows, tied=tied, working=working)
+    paths = {p.torch_key: "/".join(p.jax_path) for p in pairings}
+    for later, first in tied.items():
+        if later in paths:  # the port keeps a copy of its own where PyTorch uses one tensor twice
+            run.notes.add(f"PyTorch's {later} is {first}: one tensor, whose gradient is the sum over both its uses and "
+                          f"which one update moves; the port keeps two arrays ({paths[first]} and {paths[later]}), each "
+                          "given PyTorch's values, each with the gradient of its own use alone: trained so, they part "
+                          "(an untied model). A port of the tie uses one array in both places (Flax: nn.Embed.attend)")
+    return run
 
 
 def _torch_dtype(side: str) -> torch.dtype:

@@ -188,6 +188,48 @@ def tied_tensors(model: torch.nn.Module) -> dict[str, str]:
     return tied
 
 
+def _tied_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, dict[str, torch.Tensor]]]:
+    """(name, module, its tensors met before under another name) of each module that uses a tied tensor where it is
+    met again (GPT-2's ``lm_head`` with ``transformer.wte``'s weight), in definition order."""
+    out = []
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        own = dict(module.named_parameters(recurse=False))
+        again = {k: v for k, v in own.items() if id(v) in seen}
+        seen.update(id(v) for v in own.values())
+        if again:
+            out.append((name, module, again))
+    return out
+
+
+def _pair_tied_copies(model, left: list, by_path: dict, stats: dict, param_map: dict | None, kinds: dict | None
+                      ) -> list[Pairing]:
+    """Pairings of the port's modules that received no weights with PyTorch's modules that use a tied tensor: a port
+    that keeps its own copy of the tensor there (an output layer of its own beside the embedding). Each copy gets
+    PyTorch's values; its gradient is its own use's, where PyTorch's tensor receives the sum over both uses (the
+    check names the difference, and the run's notes say why). Pairs ``left``'s paths as it uses them."""
+    pairings = []
+    for name, module, tensors in _tied_modules(model):
+        if param_map and name in param_map:
+            candidates = [tuple(param_map[name].split("/"))]
+        else:
+            candidates = list(left)
+        for path in candidates:
+            if path not in left:
+                continue
+            try:
+                pairs = _pair_module(name, module, tensors, path, by_path[path], stats.get(path, {}),
+                                     (kinds or {}).get(path, ""))
+            except (SpecError, ValueError, IndexError):  # not this module's place
+                continue
+            if {q.jax_path[-1] for q in pairs} != set(by_path[path]):  # the port's module holds the copy alone
+                continue
+            pairings.extend(pairs)
+            left.remove(path)
+            break
+    return pairings
+
+
 def _describe(name: str, module: torch.nn.Module, tensors: dict) -> str:
     return f"{name or 'model'} ({type(module).__name__}: {', '.join(f'{k} {tuple(v.shape)}' for k, v in tensors.items())})"
 
@@ -253,6 +295,8 @@ def transfer(model: torch.nn.Module, variables: dict, param_map: dict[str, str] 
         raise SpecError(f"the port's stacked module(s) {', '.join(partly)} received PyTorch weights for only some of "
                         "their layers; the PyTorch list has another length, or pairs elsewhere: name it in param_map")
     left = [p for p in order if p not in used]
+    if left:  # a port that keeps a copy of a tensor PyTorch ties (lm_head beside the embedding)
+        pairings.extend(_pair_tied_copies(model, left, by_path, stats, param_map, kinds))
     if left:
         raise SpecError(f"the port's module(s) {', '.join('/'.join(p) for p in left)} received no PyTorch weights; "
                         "pair them with param_map = {'torch.module.name': 'port/path'}")
@@ -368,7 +412,8 @@ def shapes_of_paired(variables: dict, pairings: list[Pairing]) -> dict:
 
 def variables_from_torch(model: torch.nn.Module | dict, pairings: list[Pairing], variables: dict, dtype) -> dict:
     """The port's variables holding ``model``'s tensors (a module, or a ``state_dict``), moved by the pairing."""
-    tensors = model if isinstance(model, dict) else {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    tensors = model if isinstance(model, dict) else {**dict(model.named_parameters(remove_duplicate=False)),
+                                                     **dict(model.named_buffers())}
     out = {k: dict(v) for k, v in variables.items()}
     stacked: dict[tuple, np.ndarray] = {}  # a stacked leaf's layers, gathered before it is set once
     for p in pairings:
@@ -391,7 +436,10 @@ def torch_in_flax_layout(model: torch.nn.Module, pairings: list[Pairing], which:
                          release: bool = False) -> dict[str, np.ndarray]:
     """Each paired tensor (or its ``.grad``) in the port's layout, float64, by PyTorch key; with ``release``, each
     ``.grad`` let go of as soon as it is read."""
-    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    tensors = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}
+    uses: dict[int, int] = {}  # a tensor paired twice (a port's copy of a tied tensor) is let go after its last read
+    for p in pairings:
+        uses[id(tensors[p.torch_key])] = uses.get(id(tensors[p.torch_key]), 0) + 1
     out = {}
     for p in pairings:
         tensor = tensors[p.torch_key]
@@ -399,7 +447,8 @@ def torch_in_flax_layout(model: torch.nn.Module, pairings: list[Pairing], which:
             if p.collection != "params":
                 continue
             parameter, tensor = tensor, tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
-            if release:
+            uses[id(parameter)] -= 1
+            if release and not uses[id(parameter)]:
                 parameter.grad = None
         # a copy: a float64 tensor's numpy() is its memory, which the model's next step (or the next run loading
         # its start into the same model) overwrites

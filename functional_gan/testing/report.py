@@ -243,9 +243,11 @@ class Report:
         width_jax = max([len(p.jax_name) for p in self.pairings] + [8])
         for p in self.pairings:
             lines.append(f"  {p.torch_key:<{width_torch}}  →  {p.jax_name:<{width_jax}}  {p.transform}")
+        paired = {p.torch_key for p in self.pairings}
         for later, first in self.tied.items():
-            lines.append(f"  {later:<{width_torch}}  =  {first} (tied: one tensor, paired once; its gradient is the sum "
-                         "over its uses)")
+            lines.append(f"  {later:<{width_torch}}  =  {first} " + (
+                "(tied in PyTorch: one tensor; the port holds a copy of its own, paired above)" if later in paired else
+                "(tied: one tensor, paired once; its gradient is the sum over its uses)"))
         lines += ["", f"Criterion: {self.criterion()}", ""]
         width_stage = max([len(r.stage) for r in self.rows] + [5])
         width_name = max([len(r.name) for r in self.rows] + [8])

@@ -122,7 +122,7 @@ class ParamsOf(_ByName):
 
     def __init__(self, model: torch.nn.Module, pairings: list[Pairing]):
         super().__init__(pairings)
-        self.tensors = dict(model.named_parameters())
+        self.tensors = dict(model.named_parameters(remove_duplicate=False))
 
     def __getitem__(self, name):
         p = self.pairings[name]
