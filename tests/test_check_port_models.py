@@ -360,14 +360,19 @@ def _cross_entropy_jax(logits, idx, targets):
     return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, 11), targets.reshape(-1)).mean()
 
 
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
-def test_a_tied_embedding_pairs_once_and_its_gradient_sums_over_its_uses(dtype):
-    spec = testing.Spec(
-        _TiedLM, jax_model=_LinenTiedLM, output="logits",
+def _tied_spec(jax_model) -> testing.Spec:
+    """PyTorch's tied LM against ``jax_model``, with a cross-entropy loss and SGD."""
+    return testing.Spec(
+        _TiedLM, jax_model=jax_model, output="logits",
         example_inputs=lambda: (np.random.default_rng(0).integers(0, 11, (3, 5)),),
         example_targets=lambda: (np.random.default_rng(1).integers(0, 11, (3, 5)),),
         to_jax=lambda *a: a, from_jax=np.asarray, torch_loss=_cross_entropy_torch, jax_loss=_cross_entropy_jax,
         torch_optimizer=lambda p: torch.optim.SGD(p, lr=0.5), jax_optimizer=lambda: optax.sgd(0.5))
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
+def test_a_tied_embedding_pairs_once_and_its_gradient_sums_over_its_uses(dtype):
+    spec = _tied_spec(_LinenTiedLM)
     report = testing.check_port(spec, dtype, steps=2)
     assert_agrees(report)
     assert report.tied == {"lm_head.weight": "wte.weight"}
@@ -391,12 +396,7 @@ class _LinenUntiedLM(fnn.Module):
 
 
 def test_a_port_that_keeps_its_own_copy_of_a_tied_tensor_gets_pytorchs_values_and_is_named_at_its_gradient():
-    spec = testing.Spec(
-        _TiedLM, jax_model=_LinenUntiedLM, output="logits",
-        example_inputs=lambda: (np.random.default_rng(0).integers(0, 11, (3, 5)),),
-        example_targets=lambda: (np.random.default_rng(1).integers(0, 11, (3, 5)),),
-        to_jax=lambda *a: a, from_jax=np.asarray, torch_loss=_cross_entropy_torch, jax_loss=_cross_entropy_jax,
-        torch_optimizer=lambda p: torch.optim.SGD(p, lr=0.5), jax_optimizer=lambda: optax.sgd(0.5))
+    spec = _tied_spec(_LinenUntiedLM)
     report = testing.check_port(spec, "float32", programs=("jit",))
     # Both of the port's arrays hold PyTorch's one tensor (the embedding's, transposed for the Dense kernel)...
     assert [(p.torch_key, p.jax_name) for p in report.pairings] == [
