@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "check-port-memory" + (f"-{Path(args.only).stem}" if args.only else "")
     (out / f"{name}.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1) + "\n")
     (out / f"{name}.md").write_text(markdown(results, machine))
-    print(f"Wrote {out / f'{name}.md'}")
+    print(f"Wrote {out / f'{name}.json'} and {out / f'{name}.md'}")
     return 0
 
 

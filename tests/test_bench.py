@@ -45,12 +45,14 @@ def test_bench_check_port_runs_the_memory_benchmark_rows_for_the_example_asked(m
     monkeypatch.setattr(check_port_memory, "main", lambda argv: calls.append(argv) or 0)
     assert main(["bench", "--check-port", "gpt2.py", "--json", str(tmp_path / "out" / "x.json")]) == 0
     assert main(["bench", "--check-port", "--quick"]) == 0
-    assert calls == [["--out", str(tmp_path / "out"), "--only", "gpt2.py"], ["--out", "benchmarks/results", "--quick"]]
+    assert main(["bench", "--check-port", "examples/port/resnet50_nnx.py"]) == 0  # a path names its example
+    assert calls == [["--out", str(tmp_path / "out"), "--only", "gpt2.py"], ["--out", "benchmarks/results", "--quick"],
+                     ["--out", "benchmarks/results", "--only", "resnet50_nnx.py"]]
     assert main(["bench", "--check-port", "gtp2.py"]) == 2
     assert "no such example; the examples measured: gpt2.py, mnist_cnn_nnx.py, resnet50.py" in capsys.readouterr().err
     monkeypatch.setattr(check_port_memory, "EXAMPLES", tmp_path / "nowhere")
     assert main(["bench", "--check-port"]) == 2
-    assert "which the installed package does not hold" in capsys.readouterr().err and len(calls) == 2
+    assert "which the installed package does not hold" in capsys.readouterr().err and len(calls) == 3
 
 
 def test_the_header_says_whether_tf32_was_allowed():

@@ -12,7 +12,8 @@ def add_bench(subparsers) -> None:
     p = command(subparsers, run_bench)  # (only when `bench` is the command: the import below loads JAX)
     from functional_gan.benchmarks.bench import FULL_BATCHES, SCALING_BATCHES, SCAN_STEPS
 
-    p.add_argument("--quick", action="store_true", help="batch 64 only, few repeats, no scaling sweep (1-2 minutes on 2 CPU cores)")
+    p.add_argument("--quick", action="store_true", help="batch 64 only, few repeats, no scaling sweep (1-2 minutes on 2 CPU "
+                   "cores); with --check-port, the MNIST example only")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                    help=f"DCGAN step batches (default: {' '.join(map(str, FULL_BATCHES))}; --quick: 64)")
     p.add_argument("--scaling", type=int, nargs="*", default=None,
@@ -95,6 +96,8 @@ def _check_port_rows(args) -> int:
                         f"(examples/port), which the installed package does not hold: {check_port_memory.EXAMPLES} is "
                         "not there; run it from a clone (pip install -e .)")
     specs = sorted({spec for spec, _, _ in check_port_memory.CHECKS})
+    if args.check_port != "all":
+        args.check_port = Path(args.check_port).name  # examples/port/gpt2.py names the example gpt2.py
     if args.check_port != "all" and args.check_port not in specs:
         raise UserError(f"bench --check-port {args.check_port}: no such example; the examples measured: {', '.join(specs)}")
     if args.check_port != "all" and args.quick:

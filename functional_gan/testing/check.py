@@ -285,7 +285,8 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
             run.notes.add(f"PyTorch's {later} is {first}: one tensor, whose gradient is the sum over both its uses and "
                           f"which one update moves; the port keeps two arrays ({paths[first]} and {paths[later]}), each "
                           "given PyTorch's values, each with the gradient of its own use alone: trained so, they part "
-                          "(an untied model). A port of the tie uses one array in both places (Flax: nn.Embed.attend)")
+                          "(an untied model; the copy's update differs for that reason, not the optimizer's). A port of "
+                          "the tie uses one array in both places (Flax: nn.Embed.attend).")
     return run
 
 

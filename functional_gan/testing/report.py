@@ -153,7 +153,8 @@ class Report:
 
     def _coverage(self) -> str:
         if not self.uncaptured:
-            return f"Per-layer outputs: all {self.layers} paired layers."
+            return f"Per-layer outputs: all {self.layers} paired layers." if self.layers > 2 else \
+                f"Per-layer outputs: {'both' if self.layers == 2 else 'the'} paired layer{'s' * (self.layers == 2)}."
         why = {"plain function": "mark each with functional_gan.testing.tap('layer path', x)"}.get(
             self.api, "a layer is seen when the port calls it as a module")
         return (f"Per-layer outputs: {self.layers - len(self.uncaptured)} of {self.layers} paired layers; none for "
@@ -245,7 +246,7 @@ class Report:
             lines.append(f"  {p.torch_key:<{width_torch}}  →  {p.jax_name:<{width_jax}}  {p.transform}")
         paired = {p.torch_key for p in self.pairings}
         for later, first in self.tied.items():
-            lines.append(f"  {later:<{width_torch}}  =  {first} " + (
+            lines.append(f"  {later:<{width_torch}}  =  {first:<{width_jax}}  " + (
                 "(tied in PyTorch: one tensor; the port holds a copy of its own, paired above)" if later in paired else
                 "(tied: one tensor, paired once; its gradient is the sum over its uses)"))
         lines += ["", f"Criterion: {self.criterion()}", ""]
@@ -267,9 +268,10 @@ class Report:
             lines.append(f"{r.stage:<{width_stage}}  {r.name:<{width_name}}  {error:>11} {noise:>13} {jax_noise:>10} "
                          f"{ratio:>7}  {mark}")
         if near_zero:
-            lines.append(f"° PyTorch's own error there is above {NEAR_ZERO:.0%} of the quantity's scale: the quantity is "
-                         "mathematically zero or nearly (a bias before a BatchNorm, say), its values are rounding, and the "
-                         "port's rounding is compared with PyTorch's.")
+            lines.append(f"° PyTorch's own error there is above {NEAR_ZERO:.0%} of the quantity's scale: rounding "
+                         "dominates its values (a quantity mathematically zero or nearly, a bias before a BatchNorm, say; "
+                         "or one whose computation amplifies rounding, as gradients through BatchNorms over a few values "
+                         "each do), and the port's rounding is compared with PyTorch's.")
         lines += ["", self.verdict()]
         text = "\n".join(lines)
         return f"```text\n{text}\n```\n" if markdown else text
