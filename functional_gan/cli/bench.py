@@ -96,14 +96,12 @@ def _check_port_rows(args) -> int:
                         f"(examples/port), which the installed package does not hold: {check_port_memory.EXAMPLES} is "
                         "not there; run it from a clone (pip install -e .)")
     specs = sorted({spec for spec, _, _ in check_port_memory.CHECKS})
-    if args.check_port != "all":
-        args.check_port = Path(args.check_port).name  # examples/port/gpt2.py names the example gpt2.py
-    if args.check_port != "all" and args.check_port not in specs:
-        raise UserError(f"bench --check-port {args.check_port}: no such example; the examples measured: {', '.join(specs)}")
-    if args.check_port != "all" and args.quick:
+    only = None if args.check_port == "all" else Path(args.check_port).name  # examples/port/gpt2.py: gpt2.py
+    if only is not None and only not in specs:
+        raise UserError(f"bench --check-port {only}: no such example; the examples measured: {', '.join(specs)}")
+    if only is not None and args.quick:
         raise UserError("bench --check-port: --quick (the MNIST example alone) and an example's name exclude each other")
     target = args.json or args.markdown
     out = str(Path(target).parent) if target else "benchmarks/results"
-    argv = ["--out", out] + (["--quick"] if args.quick else []) + \
-        (["--only", args.check_port] if args.check_port != "all" else [])
+    argv = ["--out", out] + (["--quick"] if args.quick else []) + (["--only", only] if only is not None else [])
     return check_port_memory.main(argv)

@@ -512,6 +512,12 @@ def _unshared(tree):
     return jax.tree_util.tree_map(own, tree)
 
 
+def _programs_held(program: str):
+    """While ``program`` runs: op by op, at most a bounded number of JAX's per-operation programs held
+    (:func:`.memory.op_programs_bounded`); compiled, nothing to bound."""
+    return op_programs_bounded() if program == "eager" else contextlib.nullcontext()
+
+
 def _let_go_of_programs(program: str) -> None:
     """After a program run op by op, JAX's caches of the programs it compiled for each operation (about 0.75 GB for a
     ResNet-50's step, kept until the process ends) are let go: the next program compiles its own. The compiled
@@ -620,7 +626,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 elif program == "jit" and program not in opt_before and optimizer is not None:
                     function = donating
                     opt_states[program] = _unshared(opt_states[program])
-                with op_programs_bounded() if program == "eager" else contextlib.nullcontext():
+                with _programs_held(program):
                     outcome = _run_program(run, function, program, start, opt_states[program],
                                            first=step == 1 and program == order[0])
                 if step == 1 and program == order[0]:
@@ -637,7 +643,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 if program == twin_program:
                     with jax.enable_x64(True):
                         start64 = _start_of_step(run, jnp.float64, own_before, params_state)
-                    with op_programs_bounded() if program == "eager" else contextlib.nullcontext():
+                    with _programs_held(program):
                         twin = _float64_twin(run, twin_function, start64)
                     del start64
                     narrow = _narrow(twin, run)

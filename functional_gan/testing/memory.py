@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import ctypes.util
+import dataclasses
 import gc
 import resource
 import sys

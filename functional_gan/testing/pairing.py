@@ -189,17 +189,16 @@ def tied_tensors(model: torch.nn.Module) -> dict[str, str]:
 
 
 def _tied_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, dict[str, torch.Tensor]]]:
-    """(name, module, its tensors met before under another name) of each module that uses a tied tensor where it is
-    met again (GPT-2's ``lm_head`` with ``transformer.wte``'s weight), in definition order."""
-    out = []
-    seen: set[int] = set()
-    for name, module in model.named_modules():
-        own = dict(module.named_parameters(recurse=False))
-        again = {k: v for k, v in own.items() if id(v) in seen}
-        seen.update(id(v) for v in own.values())
-        if again:
-            out.append((name, module, again))
-    return out
+    """(name, module, its parameters met before under another name) of each module that uses a tied parameter where
+    it is met again (GPT-2's ``lm_head`` with ``transformer.wte``'s weight), in definition order: read off
+    :func:`tied_tensors`."""
+    found: dict[str, dict[str, torch.Tensor]] = {}
+    for later in tied_tensors(model):
+        name, _, key = later.rpartition(".")
+        own = dict(model.get_submodule(name).named_parameters(recurse=False))
+        if key in own:
+            found.setdefault(name, {})[key] = own[key]
+    return [(name, model.get_submodule(name), tensors) for name, tensors in found.items()]
 
 
 def _pair_tied_copies(model, left: list, by_path: dict, stats: dict, param_map: dict | None, kinds: dict | None

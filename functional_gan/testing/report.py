@@ -153,8 +153,8 @@ class Report:
 
     def _coverage(self) -> str:
         if not self.uncaptured:
-            return f"Per-layer outputs: all {self.layers} paired layers." if self.layers > 2 else \
-                f"Per-layer outputs: {'both' if self.layers == 2 else 'the'} paired layer{'s' * (self.layers == 2)}."
+            which = {1: "the paired layer", 2: "both paired layers"}.get(self.layers, f"all {self.layers} paired layers")
+            return f"Per-layer outputs: {which}."
         why = {"plain function": "mark each with functional_gan.testing.tap('layer path', x)"}.get(
             self.api, "a layer is seen when the port calls it as a module")
         return (f"Per-layer outputs: {self.layers - len(self.uncaptured)} of {self.layers} paired layers; none for "
