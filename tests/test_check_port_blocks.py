@@ -43,12 +43,18 @@ def test_the_gpt2_port_with_tied_embedding_and_scanned_layers_agrees_and_lists_t
                                                          "params/h/ln_1/scale[0]"]
 
 
-def test_a_mistake_in_one_layer_is_named_in_the_same_block_whole_and_block_by_block(monkeypatch):
-    module = _gpt2(monkeypatch, "gelu-tanh-in-layer-1")
-    stage, layer = module.MISTAKES["gelu-tanh-in-layer-1"]
+# where each planted mistake is named block by block: GELU's tanh approximation where the whole check names it, a
+# stopped residual gradient (which the whole check sees only in the parameters before it) at the block's input
+BY_BLOCK = {"gelu-tanh-in-layer-1": ("forward", "transformer.h.1.mlp.c_proj"),
+            "residual-detached-in-layer-1": ("gradient", "transformer.h.1 (input)")}
+
+
+@pytest.mark.parametrize("mistake", sorted(BY_BLOCK))
+def test_a_mistake_in_one_layer_is_named_in_that_block_whole_and_block_by_block(monkeypatch, mistake):
+    module = _gpt2(monkeypatch, mistake)
     whole = testing.check_port(testing.spec_from_module(module), programs=("jit",))
     first = whole.first_divergence
-    assert (first.stage, first.name) == (stage, layer), whole.format()
+    assert (first.stage, first.name) == module.MISTAKES[mistake], whole.format()
 
     blocks = by_block.check_by_block(testing.spec_from_module(module), programs=("jit",))
     assert blocks.exit_status() == 1
@@ -56,20 +62,22 @@ def test_a_mistake_in_one_layer_is_named_in_the_same_block_whole_and_block_by_bl
     verdicts = {name: report.exit_status() for name, report in blocks.blocks}
     assert verdicts == {"transformer.h.0": 0, "transformer.h.1": 1, "transformer.h.2": 0}, blocks.format()
     name, report = blocks.first_failing
-    assert name == "transformer.h.1" and report.first_divergence.stage == stage
-    assert report.first_divergence.name == layer  # named as in the whole model
+    assert name == "transformer.h.1"
+    assert (report.first_divergence.stage, report.first_divergence.name) == BY_BLOCK[mistake]  # named as in the model
     assert blocks.outside == ["transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight",
                               "transformer.ln_f.bias"]
-    assert "Block transformer.h.1: First divergence: forward, transformer.h.1.mlp.c_proj" in blocks.format()
-    # each block's rows: its 6 layers, its output, 12 gradients, 12 updates; not the checker's own loss
-    assert all(len(r.rows) == 31 and not any(row.stage == "loss" for row in r.rows) for _, r in blocks.blocks)
+    assert f"Block transformer.h.1: First divergence: {', '.join(BY_BLOCK[mistake])}" in blocks.format()
+    # each block's rows: its 6 layers, its output, 12 gradients and its input's, 12 updates; not the checker's own loss
+    assert all(len(r.rows) == 32 and not any(row.stage == "loss" for row in r.rows) for _, r in blocks.blocks)
+    if mistake == "residual-detached-in-layer-1":  # everything but the input's gradient agrees in layer 1
+        assert [row.name for row in report.rows if row.diverged] == ["transformer.h.1 (input)"], blocks.format()
 
 
 @pytest.mark.slow  # the command-line test below checks the float32 agreement by block in the default suite
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_the_correct_port_agrees_block_by_block(monkeypatch, dtype):
     blocks = testing.assert_port(_gpt2(monkeypatch), dtype=dtype, programs=("jit",), by_block=True)
-    assert len(blocks.blocks) == 3 and all(len(report.rows) == 31 for _, report in blocks.blocks)
+    assert len(blocks.blocks) == 3 and all(len(report.rows) == 32 for _, report in blocks.blocks)
 
 
 def test_a_blocks_loss_gives_the_models_own_gradients(monkeypatch):
@@ -119,21 +127,23 @@ class _TorchBlock(torch.nn.Module):
         return x + torch.tanh(self.fc(x))
 
 
-def _nnx_stack(mistake_in: int = -1):
+def _nnx_stack(mistake_in: int = -1, mistake: str = "sin"):
+    import jax
     import jax.numpy as jnp
     from flax import nnx
 
     class Block(nnx.Module):
-        def __init__(self, mistake: bool, rngs):
+        def __init__(self, mistake: str | None, rngs):
             self.fc, self.mistake = nnx.Linear(8, 8, rngs=rngs), mistake
 
         def __call__(self, x):
-            return x + (jnp.sin if self.mistake else jnp.tanh)(self.fc(x))
+            residual = jax.lax.stop_gradient(x) if self.mistake == "detached" else x
+            return residual + (jnp.sin if self.mistake == "sin" else jnp.tanh)(self.fc(x))
 
     class Stack(nnx.Module):
         def __init__(self, rngs):
             self.stem = nnx.Linear(6, 8, rngs=rngs)
-            self.layers = nnx.List([Block(i == mistake_in, rngs) for i in range(3)])
+            self.layers = nnx.List([Block(mistake if i == mistake_in else None, rngs) for i in range(3)])
 
         def __call__(self, x):
             x = self.stem(x)
@@ -144,12 +154,12 @@ def _nnx_stack(mistake_in: int = -1):
     return Stack(nnx.Rngs(0))
 
 
-def _stack_spec(mistake_in: int = -1, **changes) -> testing.Spec:
+def _stack_spec(mistake_in: int = -1, mistake: str = "sin", **changes) -> testing.Spec:
     import jax.numpy as jnp
     import optax
 
     spec = testing.Spec(
-        _TorchStack, jax_model=lambda: _nnx_stack(mistake_in),
+        _TorchStack, jax_model=lambda: _nnx_stack(mistake_in, mistake),
         example_inputs=lambda: (np.random.default_rng(0).normal(size=(5, 6)).astype(np.float32),),
         example_targets=lambda: (np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32),),
         torch_loss=lambda o, x, t: torch.mean((o - t) ** 2), jax_loss=lambda o, x, t: jnp.mean((o - t) ** 2),
@@ -166,6 +176,49 @@ def test_the_default_blocks_pair_a_modulelist_with_the_nnx_ports_list(monkeypatc
     assert [r.exit_status() for _, r in report.blocks] == [0, 0, 1], report.format()
     first = report.first_failing[1].first_divergence  # fc agrees; sin for tanh after it: the block's output
     assert (first.stage, first.name) == ("output", "layers.2")
+
+
+def test_a_residual_whose_gradient_stops_is_named_at_the_blocks_input_and_by_input_gradients():
+    """A stop_gradient on a block's residual path changes no forward value and none of the block's own gradients: only
+    the gradient it passes back. Block by block it is named at the block's input; the whole check names the parameters
+    before it, and with INPUT_GRADIENTS also the model's input."""
+    report = by_block.check_by_block(_stack_spec(mistake_in=1, mistake="detached"), programs=("jit",))
+    assert [r.exit_status() for _, r in report.blocks] == [0, 1, 0], report.format()
+    first = report.first_failing[1].first_divergence
+    assert (first.stage, first.name) == ("gradient", "layers.1 (input)")
+    assert [row.name for _, r in report.blocks for row in r.rows if row.diverged] == ["layers.1 (input)"]
+    # the same in float64, where the input's gradient of a correct block agrees to within PyTorch's float64 error
+    report = by_block.check_by_block(_stack_spec(), "float64", programs=("jit",))
+    assert report.exit_status() == 0, report.format()
+    assert all(any(row.name == f"{name} (input)" for row in r.rows) for name, r in report.blocks)
+
+    whole = testing.check_port(_stack_spec(mistake_in=1, mistake="detached", input_gradients=True), programs=("jit",))
+    diverged = [(row.stage, row.name) for row in whole.rows if row.diverged]
+    assert diverged[0] == ("gradient", "stem.weight") and ("gradient", "(input)") in diverged, whole.format()
+    assert ("gradient", "layers.0.fc.weight") in diverged and ("gradient", "layers.1.fc.weight") not in diverged
+
+
+def test_input_gradients_of_an_image_compare_in_pytorchs_layout():
+    """INPUT_GRADIENTS on a channels-last port (Linen, NHWC): the input's gradient is compared in PyTorch's NCHW, in
+    float32 and float64 (PyTorch's own error measured over its batch orders, layouts and one-ulp moves as for every
+    gradient); a spec without a floating-point input, or whose to_jax changes the inputs' count, is a clear error."""
+    sys.path.insert(0, str(EXAMPLES))
+    loader = importlib.util.spec_from_file_location("mnist_cnn_input_grads", EXAMPLES / "mnist_cnn.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    spec = testing.spec_from_module({**vars(module), "INPUT_GRADIENTS": True})
+    for dtype in ("float32", "float64"):
+        report = testing.check_port(spec, dtype, programs=("jit",))
+        row = next(row for row in report.rows if row.name == "(input)")
+        assert row.stage == "gradient" and not row.diverged and not report.first_divergence, report.format()
+    import dataclasses
+
+    ints = dataclasses.replace(spec, example_inputs=lambda: (np.zeros((2, 3), np.int64),))
+    with pytest.raises(testing.SpecError, match="INPUT_GRADIENTS needs a floating-point input"):
+        testing.check_port(ints, programs=("jit",))
+    two = dataclasses.replace(spec, to_jax=lambda x: (x, x))
+    with pytest.raises(testing.SpecError, match="to_jax must give one array per input"):
+        testing.check_port(two, programs=("jit",))
 
 
 def test_blocks_that_cannot_be_found_or_are_misnamed_are_one_clear_error():

@@ -14,9 +14,12 @@ In float64 the whole check needs 11.1 GiB, and names the gradient of ``transform
 its allowance (XLA sums it over the 128 positions in another order than PyTorch; see docs/limitations.md).
 
 The tied weight pairs once: ``lm_head.weight = transformer.wte.weight``; its gradient is the sum over both uses on
-both sides. ``OUTPUT = 0`` picks the logits from nanoGPT's ``(logits, loss)``. ``MISTAKE = "gelu-tanh-in-layer-1"``
+both sides. ``OUTPUT = 0`` picks the logits from nanoGPT's ``(logits, loss)``. ``GPT2_MISTAKE=gelu-tanh-in-layer-1``
 plants the tanh approximation of GELU in one layer's MLP (the scan runs the same code for every layer: the mistake
-is selected by the layer's index), which the check names at ``forward, transformer.h.1.mlp.c_proj``.
+is selected by the layer's index), which the check names at ``forward, transformer.h.1.mlp.c_proj``;
+``GPT2_MISTAKE=residual-detached-in-layer-1`` stops the residual stream's gradient at layer 1's input (a
+``stop_gradient`` in the wrong place: every forward value and layer 1's own gradients unchanged), which the whole check
+names at the gradient of the parameters before it and block by block at ``gradient, transformer.h.1 (input)``.
 
 Its LayerNorms subtract the mean before they square (``use_fast_variance=False``), as PyTorch does: with Flax's default
 E[x²] − E[x]² the 124M model's float64 check finds 67 quantities 3.0–4.8× PyTorch's own float64 error (precision
@@ -140,7 +143,8 @@ class GPT(nn.Module):
 
 class FlaxBlock(fnn.Module):
     config: GPTConfig
-    mistake_layer: int = -1  # a planted mistake: GELU's tanh approximation in this layer only
+    mistake_layer: int = -1  # a planted mistake (MISTAKES below) in this layer only
+    mistake: str | None = None
 
     @fnn.compact
     def __call__(self, x, index):
@@ -153,15 +157,19 @@ class FlaxBlock(fnn.Module):
         att = (q @ k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(C // H))
         att = jnp.where(jnp.tril(jnp.ones((T, T), bool)), att, -jnp.inf)
         y = (jax.nn.softmax(att, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+        if self.mistake == "residual-detached-in-layer-1":  # the residual stream's gradient stopped, not the block's
+            x = jnp.where(index == self.mistake_layer, jax.lax.stop_gradient(x), x)
         x = x + fnn.Dense(C, name="c_proj")(y)
         h = fnn.Dense(4 * C, name="c_fc")(fnn.LayerNorm(epsilon=1e-5, use_fast_variance=False, name="ln_2")(x))
-        h = jnp.where(index == self.mistake_layer, fnn.gelu(h, approximate=True), fnn.gelu(h, approximate=False))
+        gelu_layer = self.mistake_layer if self.mistake == "gelu-tanh-in-layer-1" else -1
+        h = jnp.where(index == gelu_layer, fnn.gelu(h, approximate=True), fnn.gelu(h, approximate=False))
         return x + fnn.Dense(C, name="mlp_c_proj")(h), None
 
 
 class FlaxGPT(fnn.Module):
     config: GPTConfig = CONFIG
     mistake_layer: int = -1
+    mistake: str | None = None
 
     @fnn.compact
     def __call__(self, idx):
@@ -169,21 +177,27 @@ class FlaxGPT(fnn.Module):
         wte = fnn.Embed(config.vocab_size, config.n_embd, name="wte")
         x = wte(idx) + fnn.Embed(config.block_size, config.n_embd, name="wpe")(jnp.arange(idx.shape[1]))[None]
         layers = fnn.scan(FlaxBlock, variable_axes={"params": 0}, split_rngs={"params": True}, length=config.n_layer)
-        x, _ = layers(config, self.mistake_layer, name="h")(x, jnp.arange(config.n_layer))
+        x, _ = layers(config, self.mistake_layer, self.mistake, name="h")(x, jnp.arange(config.n_layer))
         return wte.attend(fnn.LayerNorm(epsilon=1e-5, use_fast_variance=False, name="ln_f")(x))  # the tied output layer
 
 
 # --- the spec ---
 
-MISTAKES = {"gelu-tanh-in-layer-1": ("forward", "transformer.h.1.mlp.c_proj")}
+# a planted mistake and where the whole-model check names it: the second, a residual stream whose gradient stops at
+# layer 1 (forward and layer 1's own gradients untouched), shows in the gradients of the parameters before it; block by
+# block, in the gradient with respect to layer 1's input
+MISTAKES = {"gelu-tanh-in-layer-1": ("forward", "transformer.h.1.mlp.c_proj"),
+            "residual-detached-in-layer-1": ("gradient", "transformer.wte.weight")}
 MISTAKE = os.environ.get("GPT2_MISTAKE") or None
+if MISTAKE is not None and MISTAKE not in MISTAKES:
+    raise ValueError(f"GPT2_MISTAKE must be one of {sorted(MISTAKES)}, got {MISTAKE!r}")
 OUTPUT = 0  # nanoGPT returns (logits, loss)
 
 torch_model = GPT  # built under the checker's torch.manual_seed(0)
 
 
 def jax_model():
-    return FlaxGPT(CONFIG, mistake_layer=1 if MISTAKE == "gelu-tanh-in-layer-1" else -1)
+    return FlaxGPT(CONFIG, mistake_layer=1 if MISTAKE else -1, mistake=MISTAKE)
 
 
 def example_inputs():
@@ -220,15 +234,15 @@ class FlaxLayer(fnn.Module):
     config: GPTConfig
     index: int
     mistake_layer: int = -1
+    mistake: str | None = None
 
     @fnn.compact
     def __call__(self, x):
-        return FlaxBlock(self.config, self.mistake_layer, name="layer")(x, self.index)[0]
+        return FlaxBlock(self.config, self.mistake_layer, self.mistake, name="layer")(x, self.index)[0]
 
 
 def blocks():
-    mistake_layer = 1 if MISTAKE == "gelu-tanh-in-layer-1" else -1
-    return [(f"transformer.h.{i}", FlaxLayer(CONFIG, i, mistake_layer)) for i in range(CONFIG.n_layer)]
+    return [(f"transformer.h.{i}", FlaxLayer(CONFIG, i, 1 if MISTAKE else -1, MISTAKE)) for i in range(CONFIG.n_layer)]
 
 
 def block_to_jax(x):  # (batch, tokens, channels) on both sides

@@ -7,13 +7,15 @@ Then each block is checked alone, one after the other, by :func:`check_port` on 
 recorded inputs, with the loss ``sum(output · cotangent)``. That loss's gradient with respect to the block's
 parameters is the model's own gradient (for parameters used in that block only), so every quantity a whole-model
 check compares for the block's parameters (each layer's output, the block's output, the gradients, the optimizer's
-update, the buffers) is compared for them here, judged the same way; the block's loss itself, the checker's own
+update, the buffers) is compared for them here, judged the same way, and the gradient with respect to the block's
+input (``INPUT_GRADIENTS``: what the block passes back to the blocks before it, where a ``stop_gradient`` on a
+residual stream shows and nothing else does); the block's loss itself, the checker's own
 construction (a sum of terms that cancel, whose float32 rounding depends on the order of summation alone), is not. Peak
 memory is the PyTorch model once (to record) and one block's check, not the model's.
 
 Not compared block by block: what lies outside the blocks (embeddings, the head: listed in the report), the wiring
-between blocks (a port that feeds block 3 the output of block 1 passes here: the whole-model check sees it), a
-gradient with respect to a block's input, and optimizers that couple parameters across blocks (a global-norm clip).
+between blocks (a port that feeds block 3 the output of block 1 passes here: the whole-model check sees it), and
+optimizers that couple parameters across blocks (a global-norm clip).
 """
 
 from __future__ import annotations
@@ -81,8 +83,8 @@ class BlockReport:
         lines = [f"check-port {self.spec}, block by block: {outcome[status]} (exit status {status}); {len(self.blocks)} "
                  f"blocks, {self.dtype}, k = {self.k:g}",
                  "Each block fed PyTorch's own input to it (float64 run of the whole model), with the loss "
-                 "sum(output · the model loss's gradient at its output): its parameters' gradients are the model's "
-                 "(that loss, the checker's own, is not judged).",
+                 "sum(output · the model loss's gradient at its output): its parameters' gradients are the model's, "
+                 "and its input's gradient what it passes back (that loss, the checker's own, is not judged).",
                  "", f"  {'block':<28} {'rows':>5}  {'verdict':<12} {'worst':>9}  at"]
         for name, report in self.blocks:
             worst = max(report.rows, key=_badness) if report.rows else None
@@ -272,7 +274,8 @@ def _block_spec(spec: Spec, name: str, template: torch.nn.Module, port, record: 
             return jnp.sum(output * jnp.asarray(port_cotangent, output.dtype))
 
         changes.update(example_targets=lambda: (cotangent,), torch_loss=torch_loss, jax_loss=jax_loss,
-                       torch_optimizer=spec.torch_optimizer, jax_optimizer=spec.jax_optimizer)
+                       torch_optimizer=spec.torch_optimizer, jax_optimizer=spec.jax_optimizer,
+                       input_gradients=any(np.asarray(x).dtype.kind == "f" for x in inputs))
     return dataclasses.replace(spec, **changes)
 
 
@@ -313,7 +316,8 @@ def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float 
         report.rows = [row for row in report.rows if row.stage.split(": ")[-1] != "loss"]
         report.other_rows = [row for row in report.other_rows if row.stage.split(": ")[-1] != "loss"]
         for row in report.rows + report.other_rows:  # named as in the whole model
-            row.name = name if row.name == "output" else f"{name}.{row.name}"
+            row.name = name if row.name == "output" else \
+                f"{name} {row.name}" if row.name.startswith("(input") else f"{name}.{row.name}"
         report.hints = {(stage, name if row == "output" else f"{name}.{row}"): hint
                         for (stage, row), hint in report.hints.items()}
         if not report.precision_findings:  # the likely causes were of the loss row alone

@@ -141,6 +141,11 @@ def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None):
     for p in params:
         yield ("gradient", p.torch_key, lambda s, p=p: p.leaf(s["grads"]), ref["grads"][p.torch_key],
                noise["grads"][p.torch_key], None)
+    floats = ref.get("input_grads", {})
+    for index, expected in floats.items():  # INPUT_GRADIENTS: after the parameters', as backpropagation reaches them
+        yield ("gradient", input_name(index, len(floats)),
+               lambda s, i=index, e=expected: _layout_of(s["input_grads"][i], e.shape, run.from_jax), expected,
+               noise["input_grads"][index], np.shape(jax_seen["input_grads"][index]))
     if fed is not None:  # judged from the same gradients: PyTorch's optimizer fed the port's
         for p in params:
             yield ("update", p.torch_key, lambda s, p=p: p.leaf(s["params"]), fed["ref"][p.torch_key],
@@ -149,6 +154,11 @@ def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None):
         if p.collection == "batch_stats" and _has(jax_seen.get("batch_stats", {}), p.jax_path):
             yield ("buffer", p.torch_key, lambda s, p=p: p.leaf(s["batch_stats"]), ref["after"][p.torch_key],
                    noise["after"][p.torch_key], None)
+
+
+def input_name(index: int, floats: int) -> str:
+    """The name of the row of the gradient with respect to the model's input ``index`` (of ``floats`` compared)."""
+    return "(input)" if floats == 1 else f"(input {index})"
 
 
 def _twin_measures(run: _Run, seen: dict, jax_seen: dict, twin: dict) -> dict:
@@ -173,6 +183,7 @@ def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, 
     for stage, name, pick, reference, noise, port_shape in _quantities(run, seen, jax_seen, fed):
         if stage == "update":  # the gradients are compared: let go before the updates are
             jax_seen.pop("grads", None)
+            jax_seen.pop("input_grads", None)
         port = pick(jax_seen)
         jax_noisy = [measures[stage, name]] if (stage, name) in measures else []
         if stage == "update" and update64 is not None:
@@ -232,6 +243,16 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
         to_jax = spec.to_jax or (default_to_jax if channels_last else lambda *a: tuple(np.asarray(x) for x in a))
         return on_jax(to_jax(*inputs))
 
+    if spec.input_gradients:
+        floats = [i for i, x in enumerate(inputs) if x.dtype.kind == "f"]
+        moved = jax_inputs(True) if spec.to_jax is not None else None  # to_jax's, whatever the API
+        if not floats or spec.torch_loss is None:
+            raise SpecError("INPUT_GRADIENTS needs a floating-point input and a loss (torch_loss, jax_loss): the "
+                            "gradient compared is the loss's")
+        if moved is not None and (len(moved) != len(inputs) or any(np.asarray(moved[i]).dtype.kind != "f"
+                                                                    for i in floats)):
+            raise SpecError("INPUT_GRADIENTS pairs the inputs by position: to_jax must give one array per input, the "
+                            "floating-point ones in the same places")
     try:
         adapter = apis.adapter_for(spec, jax_inputs, seed)
     except UserError as error:
@@ -326,7 +347,7 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
         return tuple(_one_ulp(torch.from_numpy(np.array(x)), moves).numpy() if np.asarray(x).dtype.kind == "f" else x
                      for x in run.inputs)
 
-    noise = {"layers": {}, "grads": {}, "after": {}, "output": Measured(0.0), "loss": Measured(0.0)}
+    noise = {"layers": {}, "grads": {}, "after": {}, "input_grads": {}, "output": Measured(0.0), "loss": Measured(0.0)}
 
     def step_of(name, model, opt):
         sink = None
@@ -356,8 +377,8 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
         for quantity in ("output", "loss"):
             if quantity in seen:
                 noise[quantity] = max(noise[quantity], relative_error(seen[quantity], ref[quantity]))
-        for quantity in ("grads", "after"):
-            for key, value in seen[quantity].items():
+        for quantity in ("grads", "after", "input_grads"):
+            for key, value in seen.get(quantity, {}).items():
                 noise[quantity][key] = max(noise[quantity].get(key, Measured(0.0)),
                                            relative_error(value, ref[quantity][key]))
         del seen

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from . import apis
@@ -29,12 +30,22 @@ def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state:
         if spec.jax_loss is None:
             return seen
 
-        def loss_fn(params):
-            out, stats, _, carry = adapter.apply({**variables, "params": params}, inputs, False)
-            out = select_output(out, spec.output, "the port")
-            return call_loss(spec.jax_loss, "jax_loss", out, inputs, targets).reshape(()), (stats, carry)
+        # INPUT_GRADIENTS: the floating-point inputs are differentiated too, by position
+        floats = {i: x for i, x in enumerate(inputs) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)} \
+            if spec.input_gradients else {}
 
-        (loss, (stats, carry)), grads = jax.value_and_grad(loss_fn, has_aux=True)(variables["params"])
+        def loss_fn(params, differentiated):
+            given = tuple(differentiated.get(i, x) for i, x in enumerate(inputs))
+            out, stats, _, carry = adapter.apply({**variables, "params": params}, given, False)
+            out = select_output(out, spec.output, "the port")
+            return call_loss(spec.jax_loss, "jax_loss", out, given, targets).reshape(()), (stats, carry)
+
+        if spec.input_gradients:
+            (loss, (stats, carry)), (grads, input_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+                variables["params"], floats)
+            seen.update(input_grads=input_grads)
+        else:
+            (loss, (stats, carry)), grads = jax.value_and_grad(loss_fn, has_aux=True)(variables["params"], {})
         seen.update(loss=loss, grads=grads, batch_stats=stats, carry=carry)
         if optimizer is not None:
             import optax

@@ -54,13 +54,16 @@ class Spec:
     block_to_jax: Callable[..., tuple] | None = None
     block_from_jax: Callable[[Any], Any] | None = None
     block_output: str | int | None = None
+    # INPUT_GRADIENTS: the gradient of the loss with respect to each floating-point input compared too (always, block
+    # by block: a block's input gradient is what it passes to the blocks before it)
+    input_gradients: bool = False
     name: str = "spec"
 
 
 REQUIRED = ("torch_model", "example_inputs")
 PAIRS = (("torch_loss", "jax_loss"), ("torch_optimizer", "jax_optimizer"))
 CONSTANTS = {"TRAIN": "train", "PER_SAMPLE": "per_sample", "BATCH_AXIS": "batch_axis", "OUTPUT": "output",
-             "BLOCK_OUTPUT": "block_output", "BLOCKS": "blocks"}
+             "BLOCK_OUTPUT": "block_output", "BLOCKS": "blocks", "INPUT_GRADIENTS": "input_gradients"}
 
 
 def _fields_of(value) -> list[str]:
@@ -136,7 +139,7 @@ def spec_from_module(module: ModuleType | dict) -> Spec:
     fields = {f.name for f in dataclasses.fields(Spec)} - {"name"}
     chosen = {k: v for k, v in values.items() if k in fields}
     chosen.setdefault("jax_model", None)
-    for flag in ("train", "per_sample"):
+    for flag in ("train", "per_sample", "input_gradients"):
         if flag in chosen:
             chosen[flag] = bool(chosen[flag])
     return Spec(**chosen, name=str(values.get("__name__", "spec")))

@@ -78,6 +78,12 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
         optimizer.zero_grad()
     else:  # a model run without its optimizer (or a spec without one) starts from no gradients all the same
         model.zero_grad(set_to_none=True)
+    leaves = {}
+    if spec.input_gradients and spec.torch_loss is not None:  # the floating-point inputs differentiated, by position
+        leaves = {i: t.detach().requires_grad_(True) for i, t in enumerate(tensors) if t.is_floating_point()}
+        # the model takes a copy (an exact one, whose gradient is the leaf's): a module that changes its input in
+        # place may, as without INPUT_GRADIENTS
+        tensors = [leaves[i].clone() if i in leaves else t for i, t in enumerate(tensors)]
     output = select_output(model(*tensors), spec.output, "PyTorch's model")
     for h in handles:
         h.remove()
@@ -86,6 +92,9 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
         loss = call_loss(spec.torch_loss, "torch_loss", output, tensors, target_tensors)
         seen["loss"] = float(loss.detach())
         loss.backward()
+        if leaves:
+            seen["input_grads"] = {i: unpermute((torch.zeros_like(t) if t.grad is None else t.grad).detach().double()
+                                               .cpu().numpy().copy()) for i, t in leaves.items()}
         if optimizer is not None:
             optimizer.step()
     return seen
