@@ -116,6 +116,98 @@ def test_an_update_stepped_a_few_parameters_at_a_time_is_the_one_step_bit_for_bi
         assert np.array_equal(results[70][key], results[float("inf")][key]), key
 
 
+def test_the_compiled_step_donates_its_parameters_and_computes_what_jit_computes():
+    """The compiled step check-port runs: the parameters made for it are donated (written over by the new ones), the
+    optimizer's state of a first step is made after compilation and donated too, and both variants give jax.jit's
+    numbers bit for bit."""
+    from functional_gan.testing.check import _CompiledStep
+    from functional_gan.testing.jax_side import _jax_step_function
+
+    spec = _attention_spec()
+    adapter = testing.apis.adapter_for(spec, lambda channels_last: (jnp.asarray(spec.example_inputs()[0]),), 0)
+    optimizer = spec.jax_optimizer()
+    step = _jax_step_function(adapter, spec, optimizer)
+    inputs, targets = (jnp.asarray(spec.example_inputs()[0]),), (jnp.asarray(spec.example_targets()[0]),)
+    params = jax.tree_util.tree_map(lambda s: jnp.asarray(np.random.default_rng(0).normal(size=s.shape), s.dtype),
+                                    adapter.variables["params"])
+
+    def variables():
+        return {"params": jax.tree_util.tree_map(jnp.copy, params), "batch_stats": {}, "carry": adapter.carry}
+
+    expected = jax.jit(step)(variables(), inputs, targets, optimizer.init(params))
+    compiled = _CompiledStep(step)
+    made = []
+
+    def make_state():
+        made.append(len(compiled.compiled))  # compiled programs when the state is made (eval_shape's trace first)
+        return optimizer.init(params)
+
+    for fresh in (True, False):
+        given, state = variables(), None if fresh else optimizer.init(params)
+        outcome = compiled.with_state(make_state if fresh else None)(given, inputs, targets, state)
+        assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(given["params"]))  # donated
+        assert fresh or not any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(state))  # given: kept
+        for key in ("output", "loss", "grads", "params", "opt_state"):
+            assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+                lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), outcome[key], expected[key])), key
+    assert made == [0, 1]  # the first step's state made once its program was compiled
+
+
+def test_optimizer_runs_on_moved_values_read_lazily_are_the_moved_copies_bit_for_bit():
+    """PyTorch's own float64 error at the update stage feeds its optimizer the start and the gradients moved by one ulp;
+    the moves are drawn beforehand (int8) and applied as each tensor is read, the same numbers as moved copies."""
+    from functional_gan.testing.check import _Moved, _MovedState, _one_ulp, _ulp_signs
+
+    rng = np.random.default_rng(5)
+    tensor, array = torch.from_numpy(rng.normal(size=(4, 5, 6))), rng.normal(size=(3, 300, 7))
+    draws = np.random.default_rng(9)
+    copies = (_one_ulp(tensor, draws), _one_ulp(torch.from_numpy(np.array(array)), draws).numpy())
+    draws = np.random.default_rng(9)
+    signs = (_ulp_signs(tensor.shape, draws), _ulp_signs(array.shape, draws))
+    state = _MovedState({"w": tensor, "steps": torch.tensor([3])}, {"w": signs[0]})
+    assert torch.equal(state["w"], copies[0]) and torch.equal(state["steps"], torch.tensor([3]))
+    assert np.array_equal(np.asarray(_Moved(array, signs[1]), np.float64), copies[1])
+    assert np.array_equal(np.asarray(_Moved(array, signs[1])[2]), copies[1][2])  # a stacked leaf's slice
+    assert not np.array_equal(copies[1], array)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_reference_stepped_in_place_gives_the_rows_a_working_copy_gives(dtype, monkeypatch):
+    """In a check of one step, the last program's reference update steps PyTorch64's reference model itself (no
+    working copy of the start): the rows are those of the working copy, number for number."""
+    from functional_gan.testing import check
+
+    report = testing.check_port(_attention_spec(), dtype)
+    fed, asked = check._fed_updates, []
+
+    def working_copy(*args, in_place=False, **kwargs):
+        asked.append(in_place)
+        return fed(*args, in_place=False, **kwargs)
+
+    monkeypatch.setattr(check, "_fed_updates", working_copy)
+    again = testing.check_port(_attention_spec(), dtype)
+    assert asked == [False, True]  # eager's start is jit's start too; jit, the last, would step the reference
+    assert [row.__dict__ for row in report.rows + report.other_rows] == \
+        [row.__dict__ for row in again.rows + again.other_rows]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_reference_gradients_computed_again_are_the_ones_held(dtype, monkeypatch):
+    """A large model's PyTorch64 gradients are not held while the port runs: the last step computes them again for
+    each program's rows (the same start, inputs and random state). Forced on a small model, over two steps and both
+    programs: the same report, number for number."""
+    from functional_gan.testing import check
+
+    held = testing.check_port(_attention_spec(), dtype, steps=2)
+    computed, calls = check._recomputed_gradients, []
+    monkeypatch.setattr(check, "RECOMPUTED_ABOVE", -1)
+    monkeypatch.setattr(check, "_recomputed_gradients", lambda run: calls.append(1) or computed(run))
+    again = testing.check_port(_attention_spec(), dtype, steps=2)
+    assert len(calls) == 2  # at the last step, once for each program
+    assert [row.__dict__ for row in held.rows + held.other_rows] == \
+        [row.__dict__ for row in again.rows + again.other_rows]
+
+
 def test_memory_phases_are_reported_on_request(capsys, tmp_path, monkeypatch):
     (tmp_path / "spec.py").write_text(
         "import numpy as np, torch, flax.linen as fnn\n"

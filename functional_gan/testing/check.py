@@ -74,7 +74,7 @@ from . import apis
 from .jax_side import _check_dtypes, _jax_step_function
 from .pairing import (Pairing, _get, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
                       torch_in_flax_layout, transfer, variables_from_torch)
-from .memory import Phases, op_programs_bounded
+from .memory import Phases, op_programs_bounded, trim
 from .precision import likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
 from .spec import Spec, SpecError
@@ -105,6 +105,7 @@ class _Run:
     notes: set = dataclasses.field(default_factory=set)  # for the report: what was compared otherwise than usual
     tied: dict = dataclasses.field(default_factory=dict)  # tied tensors: later name → the name paired
     working: dict = dataclasses.field(default_factory=dict)  # a working PyTorch model per dtype (see _prepare)
+    reference_rng: Any = None  # PyTorch's random state as the reference's step of this step began
 
 
 def _layout_of(jax_output, torch_shape: tuple, from_jax) -> np.ndarray:
@@ -120,9 +121,19 @@ def _layout_of(jax_output, torch_shape: tuple, from_jax) -> np.ndarray:
     return np.asarray(jax_output)
 
 
-def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None):
-    """Every quantity of one step, in debugging order: (stage, name, pick from a JAX outcome, PyTorch64's value,
-    PyTorch's own error (a :class:`Measured`), the port's shape where it may differ)."""
+BEFORE_UPDATE = ("forward", "output", "loss", "gradient")
+FROM_UPDATE = ("update", "buffer")
+
+
+def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None, stages=BEFORE_UPDATE + FROM_UPDATE):
+    """Every quantity of one step of the ``stages`` asked for, in debugging order: (stage, name, pick from a JAX
+    outcome, PyTorch64's value, PyTorch's own error (a :class:`Measured`), the port's shape where it may differ)."""
+    for quantity in _all_quantities(run, seen, jax_seen, fed, stages):
+        if quantity[0] in stages:
+            yield quantity
+
+
+def _all_quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None, stages):
     ref = seen["ref"]
     noise = seen["noise"]
     for torch_name in ref["layers"]:  # in the order PyTorch ran them
@@ -138,10 +149,10 @@ def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None):
         return
     yield "loss", "loss", lambda s: s["loss"], ref["loss"], noise["loss"], None
     params = [p for p in run.pairings if p.collection == "params"]
-    for p in params:
+    for p in params if "gradient" in stages else ():  # PyTorch's gradients are let go once compared
         yield ("gradient", p.torch_key, lambda s, p=p: p.leaf(s["grads"]), ref["grads"][p.torch_key],
                noise["grads"][p.torch_key], None)
-    floats = ref.get("input_grads", {})
+    floats = ref.get("input_grads", {}) if "gradient" in stages else {}
     for index, expected in floats.items():  # INPUT_GRADIENTS: after the parameters', as backpropagation reaches them
         yield ("gradient", input_name(index, len(floats)),
                lambda s, i=index, e=expected: _layout_of(s["input_grads"][i], e.shape, run.from_jax), expected,
@@ -175,12 +186,12 @@ def _twin_measures(run: _Run, seen: dict, jax_seen: dict, twin: dict) -> dict:
 
 
 def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, measures: dict,
-          update64: dict | None) -> list[Row]:
-    """Every quantity of one step compared, in debugging order. ``measures``: JAX's own float32 error up to the
-    gradients (see :func:`_twin_measures`); ``update64``: the port's optimizer in float64 fed this program's gradients,
-    its own float32 error at the update stage."""
+          update64: dict | None, stages=BEFORE_UPDATE + FROM_UPDATE) -> list[Row]:
+    """Every quantity of one step of the ``stages`` asked for compared, in debugging order. ``measures``: JAX's own
+    float32 error up to the gradients (see :func:`_twin_measures`); ``update64``: the port's optimizer in float64 fed
+    this program's gradients, its own float32 error at the update stage."""
     rows = []
-    for stage, name, pick, reference, noise, port_shape in _quantities(run, seen, jax_seen, fed):
+    for stage, name, pick, reference, noise, port_shape in _quantities(run, seen, jax_seen, fed, stages):
         if stage == "update":  # the gradients are compared: let go before the updates are
             jax_seen.pop("grads", None)
             jax_seen.pop("input_grads", None)
@@ -328,6 +339,65 @@ def _one_ulp(tensor: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     return wide * (1 + torch.from_numpy(rng.choice([-1.0, 1.0], size=tuple(wide.shape))) * float(np.finfo(np.float64).eps))
 
 
+def _ulp_signs(shape: tuple, rng: np.random.Generator) -> np.ndarray:
+    """The directions :func:`_one_ulp` draws for an array of ``shape`` (the same draws from the same ``rng``), kept as
+    int8: an eighth of the memory of the moved array, which :class:`_Moved` makes when it is read."""
+    return rng.choice(np.array([-1, 1], np.int8), size=tuple(shape))
+
+
+def _moved_by(value, signs: np.ndarray) -> torch.Tensor:
+    """``value`` in float64 moved by one ulp in the directions ``signs``: :func:`_one_ulp`'s arithmetic, number for
+    number (the factor 1 ± eps made in place, then one product)."""
+    factor = signs.astype(np.float64)
+    factor *= float(np.finfo(np.float64).eps)
+    factor += 1
+    if torch.is_tensor(value):
+        return value.to(torch.float64) * torch.from_numpy(factor)
+    return torch.from_numpy(np.asarray(value, np.float64) * factor)  # IEEE products: the same numbers as torch's
+
+
+class _Moved:
+    """An array moved by one ulp when it is read (``np.asarray``), from its directions drawn beforehand: an optimizer
+    fed moved gradients holds one moved array at a time, not a moved copy of every gradient (1 GB for 124M parameters
+    in float64)."""
+
+    def __init__(self, value, signs: np.ndarray):
+        self.value, self.signs = value, signs
+        self.shape = np.shape(value)
+
+    def __getitem__(self, index):  # a stacked leaf's slice: the slice moved (an elementwise product)
+        return _Moved(np.asarray(self.value)[index], self.signs[index])
+
+    def __array__(self, dtype=None, copy=None):
+        moved = _moved_by(self.value, self.signs).numpy()
+        return moved if dtype is None else moved.astype(dtype)
+
+
+class _MovedState(dict):
+    """A state_dict whose floating-point tensors are moved by one ulp as :func:`.torch_side.load_into` reads each."""
+
+    def __init__(self, state: dict, signs: dict):
+        super().__init__(state)
+        self.signs = signs
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        return _moved_by(value, self.signs[key]) if key in self.signs else value
+
+
+RECOMPUTED_ABOVE = 256 << 20  # bytes of PyTorch64's gradients beyond which the last step computes them again
+
+
+def _recomputed_gradients(run: _Run) -> dict:
+    """PyTorch64's gradients of the last step computed again, as the reference computed them (the same start, inputs
+    and random state: the same bits), in the port's layout: held while they are compared, not while the port runs."""
+    model = run.sides["ref"][0]
+    with torch.random.fork_rng(devices=[]):
+        torch.random.set_rng_state(run.reference_rng)
+        _torch_step(run.spec, model, None, run.inputs, run.targets, torch.float64, {})
+    return torch_in_flax_layout(model, run.pairings, "grad", release=True)
+
+
 def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
     """Every PyTorch side runs one step from PyTorch64's state; returns what the reference saw (``"ref"``), the other
     runs' largest errors against it (``"noise"``: PyTorch's own error in the dtype, quantity by quantity, each run
@@ -336,7 +406,7 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
     start = run.sides["ref"][0]  # teacher forcing: every side starts the step from PyTorch64's parameters and buffers
     # a copy of what the reference's step changes: its buffers (running statistics), and its parameters where its
     # optimizer steps; at the last step the parameters are read as they are (a model of 124M parameters: 1 GB in float64)
-    fixed = {name for name, _ in start.named_parameters()} if last else set()
+    fixed = {name for name, _ in start.named_parameters(remove_duplicate=False)} if last else set()
     params_state = {k: v.detach() if k in fixed else v.detach().clone() for k, v in start.state_dict().items()}
     moves = np.random.default_rng(len(run.pairings))
     stats = [p for p in run.pairings if p.collection == "batch_stats"]
@@ -362,6 +432,7 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
         return seen
 
     ref_model, ref_optimizer = run.sides["ref"]
+    run.reference_rng = torch.random.get_rng_state()  # for _recomputed_gradients
     ref = step_of("ref", ref_model, None if last else ref_optimizer)
     for name, (model, _) in run.sides.items():
         if name == "ref":
@@ -387,6 +458,7 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
 
 def _run_program(run: _Run, function, program: str, before: dict, opt_state, first: bool) -> dict:
     """One step of the port by ``function``; on the first call, a port that raises is a spec the checker cannot use."""
+    trim()  # what the step's start and the previous program freed, handed back before this one allocates
     try:
         return _collected(run, lambda: function(before, run.jax_inputs, run.jax_targets, opt_state))
     except SpecError as error:  # raised while JAX traced the step, which appends a note on its traceback filtering
@@ -480,27 +552,38 @@ def _shadow(run: _Run, program: str, name: str):
     return run.shadows[program][name]
 
 
-def _fed_updates(run: _Run, program: str, start: dict, grads, last: bool) -> dict:
+def _fed_updates(run: _Run, program: str, start: dict, grads, last: bool, in_place: bool = False) -> dict:
     """PyTorch's optimizers fed ``program``'s gradients: float64, the reference (``"ref"``, its parameters read from its
     model as the rows ask for them); float32 (or float64 fed gradients and parameters moved by one ulp), PyTorch's own
     error, measured against it at once (``"noise"``). The optimizers' states are kept for the next step, let go after
-    the ``last``."""
-    shadows = {name: _shadow(run, program, name) for name in run.shadows[program]}
+    the ``last``. ``in_place``: the reference's optimizer steps PyTorch64's reference model itself, whose parameters
+    are ``start`` and are read by nothing after it (the last program of a check of one step), after the other run: no
+    working model holds the start a second time, and the reference's values need no copy (1 GB each for 124M
+    parameters in float64)."""
+    names = [name for name in run.shadows[program] if not (in_place and name == "ref")]
+    shadows = {name: _shadow(run, program, name) for name in names}
+    if in_place:
+        model = run.sides["ref"][0]
+        shadows["ref"] = (model, run.spec.torch_optimizer(model.parameters()))
     moves = np.random.default_rng(len(run.pairings) + 1)
+
+    def own_update(name, model, opt):
+        if name == "t64":
+            # the start's and the gradients' one-ulp moves drawn as they always were (in this order), each applied as
+            # the optimizer reads that tensor
+            start_signs = {k: _ulp_signs(v.shape, moves) for k, v in start.items() if v.is_floating_point()}
+            grad_signs = jax.tree_util.tree_map(lambda g: _ulp_signs(np.shape(g), moves), grads)
+            moved = jax.tree_util.tree_map(_Moved, grads, grad_signs)
+            return fed_update(model, opt, _MovedState(start, start_signs), run.pairings, moved, last)
+        return fed_update(model, opt, start, run.pairings, grads, last)
+
+    others = [(name, model, opt) for name, (model, opt) in shadows.items() if name in ("t64", "t32")]
+    owns = [own_update(*other) for other in others] if in_place else []
     ref = fed_update(*shadows["ref"], start, run.pairings, grads, last)
-    if any(model is shadows["ref"][0] for name, (model, _) in shadows.items() if name != "ref"):
+    if not in_place and any(model is shadows["ref"][0] for _, model, _ in others):
         ref = dict(ref)  # float64: the other run steps the same working model; the reference's values copied first
     fed = {"ref": ref}
-    for name, (model, opt) in shadows.items():
-        if name == "t64":
-            moved_start = {k: _one_ulp(v, moves) if v.is_floating_point() else v for k, v in start.items()}
-            moved = jax.tree_util.tree_map(lambda g: _one_ulp(torch.from_numpy(np.array(g, np.float64)), moves).numpy(), grads)
-            own = fed_update(model, opt, moved_start, run.pairings, moved, last)
-            del moved_start, moved
-        elif name == "t32":
-            own = fed_update(model, opt, start, run.pairings, grads, last)
-        else:
-            continue
+    for own in owns or (own_update(*other) for other in others):
         fed["noise"] = {key: relative_error(own[key], ref[key]) for key in own}
         del own
     return fed
@@ -519,10 +602,11 @@ def _narrow(outcome: dict, run: _Run) -> tuple[str, str] | None:
     return None
 
 
-def _unshared(tree):
+def _unshared(tree, beside=None):
     """``tree`` with each array that it holds twice copied at its later places (an optimizer's init may give its first
-    and second moments one zeros array): each leaf a buffer of its own, which a donated argument needs."""
-    seen = set()
+    and second moments one zeros array), and each that ``beside`` holds (the parameters an init may keep as they are):
+    each leaf a buffer of its own, which a donated argument needs."""
+    seen = {id(leaf) for leaf in jax.tree_util.tree_leaves(beside)}
 
     def own(leaf):
         if id(leaf) in seen:
@@ -531,6 +615,42 @@ def _unshared(tree):
         return leaf
 
     return jax.tree_util.tree_map(own, tree)
+
+
+class _CompiledStep:
+    """The compiled step as check_port runs it: ``(variables, inputs, targets, opt_state) -> outcome``, with the
+    variables' parameters (made for the step from PyTorch's, read by nothing after it) donated: the new parameters are
+    written into their buffers. The optimizer's state of a first step is made after the program is compiled (XLA's
+    compilation of GPT-2's float64 step holds most of a gigabyte while it runs, not beside Adam's two moments) and
+    donated too, the new state written into its buffers. Donation changes where outputs are written, not what is
+    computed: the reports are the same number for number. The step returns its new state at the last step too
+    (nothing reads it): a program without that output is fused otherwise, and its update rounds otherwise (Adam's
+    steps on near-zero gradients moved by up to 1e-3 of their size in the example ports). Each variant is compiled once
+    per check."""
+
+    def __init__(self, step):
+        def apart(params, rest, inputs, targets, opt_state):
+            return step({**rest, "params": params}, inputs, targets, opt_state)
+
+        self.jitted = {fresh: jax.jit(apart, donate_argnums=(0, 4) if fresh else (0,)) for fresh in (False, True)}
+        self.compiled = {}
+
+    def with_state(self, make_state: Callable | None):
+        """The step's function; ``make_state``: the optimizer's state made for this step (else the state is given)."""
+
+        def call(variables, inputs, targets, opt_state):
+            params = variables["params"]
+            rest = {key: value for key, value in variables.items() if key != "params"}
+            fresh = make_state is not None
+            if fresh not in self.compiled:
+                state_shapes = jax.eval_shape(make_state) if fresh else opt_state
+                self.compiled[fresh] = self.jitted[fresh].lower(params, rest, inputs, targets, state_shapes).compile()
+            if fresh:
+                opt_state = _unshared(make_state(), beside=params)
+            trim()  # what the start's conversion and the compilation freed, handed back before the program's buffers
+            return self.compiled[fresh](params, rest, inputs, targets, opt_state)
+
+        return call
 
 
 def _programs_held(program: str):
@@ -593,13 +713,13 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         optimizer = spec.jax_optimizer() if spec.jax_optimizer else None
         step_fn = _jax_step_function(run.adapter, spec, optimizer)
         update_in_float64 = _update_in_float64(optimizer) if optimizer is not None and dtype == "float32" else None
-        functions = {program: jax.jit(step_fn) if program == "jit" else step_fn for program in programs}
         # The optimizer's state, a step's input and output, is not held twice (Adam's over 124M parameters: 2 GB in
         # float64): op by op, the last step does not return it (nothing reads it); compiled, a state made for the step
         # (its first) is donated to it, the new state written into its buffers (the same program, the same numbers;
-        # a program without that output would be fused otherwise and round otherwise).
+        # a program without that output would be fused otherwise and round otherwise), and so are the parameters
+        # (_CompiledStep).
         last_step_fn = _jax_step_function(run.adapter, spec, optimizer, keep_state=False)
-        donating = jax.jit(step_fn, donate_argnums=(3,))
+        compiled_step = _CompiledStep(step_fn)
         # The float64 twin measures JAX's own error up to the gradients (the update stage's twin is update_in_float64):
         # the same step without the optimizer, whose float64 parameters and state it would otherwise hold.
         twin_step = _jax_step_function(run.adapter, spec, None)
@@ -629,8 +749,22 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 raise SpecError(f"the spec's PyTorch step (torch_model() on example_inputs(), torch_loss, "
                                 f"torch_optimizer) failed: {type(error).__name__}: {message}") from error
             run.layer_shapes.update({name: np.shape(value) for name, value in seen["ref"]["layers"].items()})
-            if last:  # PyTorch's runs for its own error are done (float64's other memory layout: a model let go)
+            if last:  # PyTorch's runs for its own error are done (float64's other memory layout: a model let go), and
+                # the working models with them, but where an optimizer fed the port's gradients holds one from an
+                # earlier step: the update stage builds its own when it comes to it (a gigabyte for 124M parameters in
+                # float64, not held while the port runs)
                 run.sides = {"ref": run.sides["ref"]}
+                run.working.clear()
+            # PyTorch64's gradients of a large model (GPT-2's: 1 GB in float64) are not held while the port runs: the
+            # last step computes them again when each program's are compared (one more PyTorch64 backward a program)
+            recompute = last and sum(np.asarray(g).nbytes for g in seen["ref"]["grads"].values()) > RECOMPUTED_ABOVE
+            if recompute:
+                seen["ref"]["grads"] = None
+
+            def reference_gradients():
+                if seen["ref"]["grads"] is None:
+                    seen["ref"]["grads"] = _recomputed_gradients(run)
+
             # One program at a time, compared and let go: the twin's program first, then its float64 twin (JAX's own
             # float32 error, kept as numbers), then the others.
             measures: dict = {}
@@ -639,14 +773,15 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 # time, from the state PyTorch's step started from (the reference's statistics have moved since).
                 own_before = own_state[program]
                 start = _start_of_step(run, width, own_before, params_state)
-                if program not in opt_states:
-                    opt_states[program] = optimizer.init(start["params"]) if optimizer is not None else None
-                function = functions[program]
-                if program == "eager" and last:
-                    function = last_step_fn
-                elif program == "jit" and program not in opt_before and optimizer is not None:
-                    function = donating
-                    opt_states[program] = _unshared(opt_states[program])
+                if program == "jit":  # the optimizer's state made for its first step once the step is compiled
+                    fresh = program not in opt_states and optimizer is not None
+                    function = compiled_step.with_state(
+                        (lambda params=start["params"]: optimizer.init(params)) if fresh else None)
+                    opt_states.setdefault(program, None)
+                else:
+                    if program not in opt_states:
+                        opt_states[program] = optimizer.init(start["params"]) if optimizer is not None else None
+                    function = last_step_fn if last else step_fn
                 with _programs_held(program):
                     outcome = _run_program(run, function, program, start, opt_states[program],
                                            first=step == 1 and program == order[0])
@@ -675,27 +810,37 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                                   "and nothing beyond tolerance can be called precision; make the port compute in the "
                                   "dtype of its inputs (dtype=None) to have it measured")
                     else:  # kept as numbers; the twin is let go before the update stage's runs
+                        reference_gradients()
                         measures = _twin_measures(run, seen, outcome, twin)
                     del twin
                     _let_go_of_programs(program)
                     phases.mark(f"step {step}: the port in float64 ({twin_program})")
+                # Up to the gradients compared first; at the last step, once the last program's are, PyTorch's
+                # gradients are let go (a model of 124M parameters: 1 GB in float64) before its optimizers are fed.
+                prefix = f"step {step}: " if steps > 1 else ""
+                reference_gradients()
+                rows[program] += _rows(run, prefix, seen, outcome, None, measures, None, BEFORE_UPDATE)
+                if recompute:
+                    seen["ref"]["grads"] = None
+                if last and program == order[-1]:
+                    seen["ref"].pop("grads", None)
+                    seen["ref"].pop("input_grads", None)
                 fed = update64 = None
                 if optimizer is not None and spec.torch_loss is not None:
-                    fed = _fed_updates(run, program, params_state, outcome["grads"], last=last)
-                    phases.mark(f"step {step}: PyTorch's optimizers fed {program}'s gradients")
                     if update_in_float64 is not None:  # the update stage's own float32 error, from the same gradients
                         params = _start_of_step(run, width, own_before, params_state)["params"]
                         update64 = update_in_float64(params, outcome["grads"], opt_before.get(program))
                         del params
                         phases.mark(f"step {step}: {program}'s update in float64")
-                rows[program] += _rows(run, f"step {step}: " if steps > 1 else "", seen, outcome, fed, measures,
-                                       update64)
+                    in_place = last and program == order[-1] and run.shadows[program].get("ref") is None
+                    fed = _fed_updates(run, program, params_state, outcome["grads"], last=last, in_place=in_place)
+                    phases.mark(f"step {step}: PyTorch's optimizers fed {program}'s gradients")
+                rows[program] += _rows(run, prefix, seen, outcome, fed, measures, update64, FROM_UPDATE)
                 del outcome, fed, update64
-                if last:  # this program's update-stage optimizers are done, and float32's float64 working model with
-                    # them (the next program's builds its own: a gigabyte for 124M parameters, not held in between)
+                if last:  # this program's update-stage optimizers are done, and their working models with them (the
+                    # next program's builds its own: a gigabyte for 124M parameters, not held in between)
                     run.shadows[program] = {}
-                    if dtype == "float32":
-                        run.working.pop(torch.float64, None)
+                    run.working.clear()
                 phases.mark(f"step {step}: rows of {program}")
             del measures
     report = Report(spec.name, dtype, k, run.pairings, rows[programs[0]], run.adapter.api, tuple(programs),

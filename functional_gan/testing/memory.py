@@ -38,12 +38,18 @@ _LIBC = _libc()
 
 def release() -> None:
     """Python's garbage collected, and the C heap's free memory handed back to the system where glibc can
-    (``malloc_trim``): arrays freed by one phase otherwise stay resident in malloc's arenas (XLA's threads have
-    their own), and the next phase's allocations land elsewhere."""
+    (:func:`trim`)."""
     gc.collect()
-    trim = getattr(_LIBC, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
+    trim()
+
+
+def trim() -> None:
+    """The C heap's free memory handed back to the system where glibc can (``malloc_trim``): arrays freed by one phase
+    otherwise stay resident in malloc's arenas (XLA's threads have their own), while the next phase's large
+    allocations (XLA's buffers, a big tensor) are mapped afresh beside them."""
+    function = getattr(_LIBC, "malloc_trim", None)
+    if function is not None:
+        function(0)
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from .memory import trim
 from .pairing import Pairing
 from .spec import Spec, call_loss, select_output
 
@@ -174,10 +175,11 @@ def step_with_gradients(model: torch.nn.Module, optimizer, gradients, start: dic
     stepped = [(name, parameter) for name, parameter in model.named_parameters() if name in gradients]
     group, size = [], 0
     for index, (name, parameter) in enumerate(stepped):
-        parameter.grad = torch.tensor(np.array(gradients[name]), dtype=dtype)
+        parameter.grad = torch.tensor(np.asarray(gradients[name]), dtype=dtype)  # one copy
         group.append(parameter)
         size += parameter.numel()
         if size >= chunk or index == len(stepped) - 1:
+            trim()  # the last group's temporaries handed back before this one's (a 50,257 × 768 embedding's: 1 GB)
             optimizer.step()
             for done in group:
                 done.grad = None
