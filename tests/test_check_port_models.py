@@ -135,7 +135,7 @@ def test_the_compiled_step_donates_its_parameters_and_computes_what_jit_computes
         return {"params": jax.tree_util.tree_map(jnp.copy, params), "batch_stats": {}, "carry": adapter.carry}
 
     expected = jax.jit(step)(variables(), inputs, targets, optimizer.init(params))
-    compiled = _CompiledStep(step)
+    compiled = _CompiledStep(step, optimizer)
     made = []
 
     def make_state():

@@ -619,20 +619,21 @@ def _unshared(tree, beside=None):
 
 class _CompiledStep:
     """The compiled step as check_port runs it: ``(variables, inputs, targets, opt_state) -> outcome``, with the
-    variables' parameters (made for the step from PyTorch's, read by nothing after it) donated: the new parameters are
-    written into their buffers. The optimizer's state of a first step is made after the program is compiled (XLA's
-    compilation of GPT-2's float64 step holds most of a gigabyte while it runs, not beside Adam's two moments) and
-    donated too, the new state written into its buffers. Donation changes where outputs are written, not what is
+    variables' parameters (made for the step from PyTorch's, read by nothing after it) donated where an optimizer
+    steps them: the new parameters are written into their buffers. The optimizer's state of a first step is made after
+    the program is compiled (XLA's compilation of GPT-2's float64 step holds most of a gigabyte while it runs, not
+    beside Adam's two moments) and donated too, the new state written into its buffers. Donation changes where outputs are written, not what is
     computed: the reports are the same number for number. The step returns its new state at the last step too
     (nothing reads it): a program without that output is fused otherwise, and its update rounds otherwise (Adam's
     steps on near-zero gradients moved by up to 1e-3 of their size in the example ports). Each variant is compiled once
     per check."""
 
-    def __init__(self, step):
+    def __init__(self, step, optimizer):
         def apart(params, rest, inputs, targets, opt_state):
             return step({**rest, "params": params}, inputs, targets, opt_state)
 
-        self.jitted = {fresh: jax.jit(apart, donate_argnums=(0, 4) if fresh else (0,)) for fresh in (False, True)}
+        params = (0,) if optimizer is not None else ()  # without an optimizer no new parameters come out to take them
+        self.jitted = {fresh: jax.jit(apart, donate_argnums=params + ((4,) if fresh else ())) for fresh in (False, True)}
         self.compiled = {}
 
     def with_state(self, make_state: Callable | None):
@@ -719,7 +720,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         # a program without that output would be fused otherwise and round otherwise), and so are the parameters
         # (_CompiledStep).
         last_step_fn = _jax_step_function(run.adapter, spec, optimizer, keep_state=False)
-        compiled_step = _CompiledStep(step_fn)
+        compiled_step = _CompiledStep(step_fn, optimizer)
         # The float64 twin measures JAX's own error up to the gradients (the update stage's twin is update_in_float64):
         # the same step without the optimizer, whose float64 parameters and state it would otherwise hold.
         twin_step = _jax_step_function(run.adapter, spec, None)
