@@ -171,7 +171,7 @@ def test_optimizer_runs_on_moved_values_read_lazily_are_the_moved_copies_bit_for
     assert not np.array_equal(copies[1], array)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
 def test_the_reference_stepped_in_place_gives_the_rows_a_working_copy_gives(dtype, monkeypatch):
     """In a check of one step, the last program's reference update steps PyTorch64's reference model itself (no
     working copy of the start): the rows are those of the working copy, number for number."""
@@ -191,7 +191,7 @@ def test_the_reference_stepped_in_place_gives_the_rows_a_working_copy_gives(dtyp
         [row.__dict__ for row in again.rows + again.other_rows]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
 def test_reference_gradients_computed_again_are_the_ones_held(dtype, monkeypatch):
     """A large model's PyTorch64 gradients are not held while the port runs: the last step computes them again for
     each program's rows (the same start, inputs and random state). Forced on a small model, over two steps and both

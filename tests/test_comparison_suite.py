@@ -5,6 +5,9 @@ import pytest
 
 from functional_gan.comparisons import GROUPS, quality, report
 
+# one worker runs this module (pytest-xdist's --dist loadgroup): its suite fixture runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("comparison-suite")
+
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):

@@ -8,10 +8,11 @@ of 64 tokens in training mode (dropout 0).
     functional-gan check-port examples/port/gpt2.py --by-block          # 124M parameters, a block at a time
     GPT2_SIZE=tiny functional-gan check-port examples/port/gpt2.py      # the same code, 3 layers of 32
 
-Measured on a 2-core machine (float32, both programs): the whole check agrees (373 quantities) at a peak of 7.4 GiB
-in 67 s; block by block (``blocks()`` below: each layer of the scan against ``transformer.h.i``) at 1.7 GiB in 118 s.
-In float64 the whole check needs 11.1 GiB, and names the gradient of ``transformer.h.1.ln_1.weight`` at 1.01×
-its allowance (XLA sums it over the 128 positions in another order than PyTorch; see docs/limitations.md).
+Measured on a 2-core machine (float32, both programs): the whole check agrees (373 quantities) at a peak of 6.4 GiB
+in 72 s; block by block (``blocks()`` below: each layer of the scan against ``transformer.h.i``) at 1.7 GiB in 124 s.
+In float64 the whole check needs 6.9 GiB with ``--program jit`` (8.2 GiB with both programs), and names the gradient
+of ``transformer.h.1.ln_1.weight`` at 1.01× its allowance (XLA sums it over the 128 positions in another order than
+PyTorch; see docs/limitations.md).
 
 The tied weight pairs once: ``lm_head.weight = transformer.wte.weight``; its gradient is the sum over both uses on
 both sides. ``OUTPUT = 0`` picks the logits from nanoGPT's ``(logits, loss)``. ``GPT2_MISTAKE=gelu-tanh-in-layer-1``
