@@ -3,6 +3,7 @@ one state-difference helper, a free port, a run's grids."""
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -141,3 +142,23 @@ def assert_agrees(report) -> None:
     if report.precision_findings:
         assert jax.default_backend() == "cpu", report.format()
         assert any(cause.startswith("XLA:CPU's float32 reductions") for cause in report.causes), report.format()
+
+
+def once_per_session(tmp_path_factory, name: str, compute):
+    """``compute(folder)``, run once for the whole test session however many pytest-xdist workers ask for it: the first
+    runs it under a file lock and pickles its result beside the workers' temporary folders, the others wait for the lock
+    and read it (a module-scoped fixture would run once per worker that runs the module's tests)."""
+    import pickle
+
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's folder, above each worker's
+    result = shared / f"{name}.pickle"
+    with FileLock(str(result) + ".lock"):
+        if result.exists():
+            return pickle.loads(result.read_bytes())
+        value = compute(shared / name)
+        result.write_bytes(pickle.dumps(value))
+    return value

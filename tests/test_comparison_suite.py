@@ -4,18 +4,16 @@ import numpy as np
 import pytest
 
 from functional_gan.comparisons import GROUPS, quality, report
-
-# one worker runs this module (pytest-xdist's --dist loadgroup): its suite fixture runs once, not once per worker
-pytestmark = pytest.mark.xdist_group("comparison-suite")
+from tests.helpers import once_per_session
 
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    out = tmp_path_factory.mktemp("compare")
     # The long runs (quality, noise-floor) are tested apart below; the recorded runs ("fixtures") by
     # test_comparison_fixtures.py, whose three tests assert what their rows here would.
     groups = [g for g in GROUPS if g not in ("quality", "noise-floor", "fixtures")]
-    results, path = report.run_suite(out, groups=groups, progress=lambda _: None)
+    results, path = once_per_session(tmp_path_factory, "comparison-suite",
+                                     lambda out: report.run_suite(out, groups=groups, progress=lambda _: None))
     return {r.name: r for r in results}, path
 
 

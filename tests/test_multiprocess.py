@@ -25,9 +25,6 @@ PEER_TIMEOUT = 5  # seconds; short so that the tests are quick (the default is 6
 ARGS = [*tiny_flags(data_flags=False, steps=24, batch_size=8, checkpoint_every=3, sample_every=6, log_every=6),
         "--peer-timeout", str(PEER_TIMEOUT), "--join-timeout", "60"]
 
-# one worker runs this module (pytest-xdist's --dist loadgroup): its runs fixtures run once, not once per worker
-pytestmark = pytest.mark.xdist_group("multiprocess")
-
 
 def _start(out: Path, port: int, process_id: int, num_processes: int = 2, fault: tuple[str, int] | None = None,
            extra: tuple[str, ...] = (), data: str = "fake") -> subprocess.Popen:
