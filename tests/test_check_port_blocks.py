@@ -190,6 +190,8 @@ def test_a_residual_whose_gradient_stops_is_named_at_the_blocks_input_and_by_inp
     first = report.first_failing[1].first_divergence
     assert (first.stage, first.name) == ("gradient", "layers.1 (input)")
     assert [row.name for _, r in report.blocks for row in r.rows if row.diverged] == ["layers.1 (input)"]
+    assert "Known cause that fits: a path that only the input's gradient takes is cut" in report.format()
+    assert "stop_gradient (PyTorch's .detach()) on a residual stream" in report.first_failing[1].verdict()
     # the same in float64, where the input's gradient of a correct block agrees to within PyTorch's float64 error
     report = by_block.check_by_block(_stack_spec(), "float64", programs=("jit",))
     assert report.exit_status() == 0, report.format()

@@ -318,8 +318,8 @@ def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float 
         for row in report.rows + report.other_rows:  # named as in the whole model
             row.name = name if row.name == "output" else \
                 f"{name} {row.name}" if row.name.startswith("(input") else f"{name}.{row.name}"
-        report.hints = {(stage, name if row == "output" else f"{name}.{row}"): hint
-                        for (stage, row), hint in report.hints.items()}
+        report.hints = {(stage, name if row == "output" else f"{name} {row}" if row.startswith("(input")
+                         else f"{name}.{row}"): hint for (stage, row), hint in report.hints.items()}
         if not report.precision_findings:  # the likely causes were of the loss row alone
             report.causes = []
         reports.append((name, report))

@@ -677,6 +677,11 @@ def _known_causes(run: _Run, report: Report) -> dict:
     hints = {}
     for row in report.rows + report.other_rows:
         stage = row.stage.split(": ")[-1]
+        if row.diverged and stage == "gradient" and row.name.startswith("(input"):
+            hints[(stage, row.name)] = (
+                "a path that only the input's gradient takes is cut or changed (every parameter's gradient before "
+                "it agrees): a stop_gradient (PyTorch's .detach()) on a residual stream or a skip connection, or a "
+                "custom gradient there")
         if row.diverged and stage == "buffer" and run.adapter.classes.get(modules.get(row.name)) in FLAX_BATCHNORM:
             hints[(stage, row.name)] = (
                 "the port's module there is Flax's own BatchNorm, which weighs the old running average by its momentum "
