@@ -279,6 +279,14 @@ def _block_spec(spec: Spec, name: str, template: torch.nn.Module, port, record: 
     return dataclasses.replace(spec, **changes)
 
 
+def _in_model(block: str, row: str) -> str:
+    """A block check's row name as the whole model names it: the block's output by the block's name, its input's
+    gradient as ``block (input)``, a layer by its dotted path."""
+    if row == "output":
+        return block
+    return f"{block} {row}" if row.startswith("(input") else f"{block}.{row}"
+
+
 def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
                    programs: tuple[str, ...] | None = None, torch_state: dict | None = None) -> BlockReport:
     """Check the port block by block (see the module's docstring): the PyTorch model run once in float64 to record
@@ -316,10 +324,8 @@ def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float 
         report.rows = [row for row in report.rows if row.stage.split(": ")[-1] != "loss"]
         report.other_rows = [row for row in report.other_rows if row.stage.split(": ")[-1] != "loss"]
         for row in report.rows + report.other_rows:  # named as in the whole model
-            row.name = name if row.name == "output" else \
-                f"{name} {row.name}" if row.name.startswith("(input") else f"{name}.{row.name}"
-        report.hints = {(stage, name if row == "output" else f"{name} {row}" if row.startswith("(input")
-                         else f"{name}.{row}"): hint for (stage, row), hint in report.hints.items()}
+            row.name = _in_model(name, row.name)
+        report.hints = {(stage, _in_model(name, row)): hint for (stage, row), hint in report.hints.items()}
         if not report.precision_findings:  # the likely causes were of the loss row alone
             report.causes = []
         reports.append((name, report))

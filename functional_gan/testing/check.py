@@ -127,29 +127,26 @@ FROM_UPDATE = ("update", "buffer")
 
 def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None, stages=BEFORE_UPDATE + FROM_UPDATE):
     """Every quantity of one step of the ``stages`` asked for, in debugging order: (stage, name, pick from a JAX
-    outcome, PyTorch64's value, PyTorch's own error (a :class:`Measured`), the port's shape where it may differ)."""
-    for quantity in _all_quantities(run, seen, jax_seen, fed, stages):
-        if quantity[0] in stages:
-            yield quantity
-
-
-def _all_quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None, stages):
+    outcome, PyTorch64's value, PyTorch's own error (a :class:`Measured`), the port's shape where it may differ). Only
+    the stages asked for are read (PyTorch's gradients are let go once compared)."""
     ref = seen["ref"]
     noise = seen["noise"]
-    for torch_name in ref["layers"]:  # in the order PyTorch ran them
+    for torch_name in ref["layers"] if "forward" in stages else ():  # in the order PyTorch ran them
         path = run.layer_paths[torch_name]
         if path in jax_seen["layers"]:
             expected = ref["layers"][torch_name]
             yield ("forward", torch_name or "(model)",
                    lambda s, p=path, e=expected: _layout_of(s["layers"][p], e.shape, run.from_jax),
                    expected, noise["layers"][torch_name], np.shape(jax_seen["layers"][path]))
-    yield ("output", "output", lambda s: _layout_of(s["output"], ref["output"].shape, run.from_jax), ref["output"],
-           noise["output"], np.shape(jax_seen["output"]))
+    if "output" in stages:
+        yield ("output", "output", lambda s: _layout_of(s["output"], ref["output"].shape, run.from_jax),
+               ref["output"], noise["output"], np.shape(jax_seen["output"]))
     if run.spec.torch_loss is None:
         return
-    yield "loss", "loss", lambda s: s["loss"], ref["loss"], noise["loss"], None
+    if "loss" in stages:
+        yield "loss", "loss", lambda s: s["loss"], ref["loss"], noise["loss"], None
     params = [p for p in run.pairings if p.collection == "params"]
-    for p in params if "gradient" in stages else ():  # PyTorch's gradients are let go once compared
+    for p in params if "gradient" in stages else ():
         yield ("gradient", p.torch_key, lambda s, p=p: p.leaf(s["grads"]), ref["grads"][p.torch_key],
                noise["grads"][p.torch_key], None)
     floats = ref.get("input_grads", {}) if "gradient" in stages else {}
@@ -157,11 +154,11 @@ def _all_quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None, sta
         yield ("gradient", input_name(index, len(floats)),
                lambda s, i=index, e=expected: _layout_of(s["input_grads"][i], e.shape, run.from_jax), expected,
                noise["input_grads"][index], np.shape(jax_seen["input_grads"][index]))
-    if fed is not None:  # judged from the same gradients: PyTorch's optimizer fed the port's
+    if fed is not None and "update" in stages:  # judged from the same gradients: PyTorch's optimizer fed the port's
         for p in params:
             yield ("update", p.torch_key, lambda s, p=p: p.leaf(s["params"]), fed["ref"][p.torch_key],
                    fed["noise"][p.torch_key], None)
-    for p in run.pairings:
+    for p in run.pairings if "buffer" in stages else ():
         if p.collection == "batch_stats" and _has(jax_seen.get("batch_stats", {}), p.jax_path):
             yield ("buffer", p.torch_key, lambda s, p=p: p.leaf(s["batch_stats"]), ref["after"][p.torch_key],
                    noise["after"][p.torch_key], None)
@@ -256,7 +253,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
 
     if spec.input_gradients:
         floats = [i for i, x in enumerate(inputs) if x.dtype.kind == "f"]
-        moved = jax_inputs(True) if spec.to_jax is not None else None  # to_jax's, whatever the API
+        moved = spec.to_jax(*inputs) if spec.to_jax is not None else None
         if not floats or spec.torch_loss is None:
             raise SpecError("INPUT_GRADIENTS needs a floating-point input and a loss (torch_loss, jax_loss): the "
                             "gradient compared is the loss's")
@@ -578,12 +575,16 @@ def _fed_updates(run: _Run, program: str, start: dict, grads, last: bool, in_pla
         return fed_update(model, opt, start, run.pairings, grads, last)
 
     others = [(name, model, opt) for name, (model, opt) in shadows.items() if name in ("t64", "t32")]
-    owns = [own_update(*other) for other in others] if in_place else []
-    ref = fed_update(*shadows["ref"], start, run.pairings, grads, last)
-    if not in_place and any(model is shadows["ref"][0] for _, model, _ in others):
-        ref = dict(ref)  # float64: the other run steps the same working model; the reference's values copied first
+    if in_place:  # the other run first: the reference's step overwrites the start
+        owns = [own_update(*other) for other in others]
+        ref = fed_update(*shadows["ref"], start, run.pairings, grads, last)
+    else:
+        ref = fed_update(*shadows["ref"], start, run.pairings, grads, last)
+        if any(model is shadows["ref"][0] for _, model, _ in others):
+            ref = dict(ref)  # float64: the other run steps the same working model; the reference's values copied first
+        owns = (own_update(*other) for other in others)  # one at a time
     fed = {"ref": ref}
-    for own in owns or (own_update(*other) for other in others):
+    for own in owns:
         fed["noise"] = {key: relative_error(own[key], ref[key]) for key in own}
         del own
     return fed
@@ -622,11 +623,11 @@ class _CompiledStep:
     variables' parameters (made for the step from PyTorch's, read by nothing after it) donated where an optimizer
     steps them: the new parameters are written into their buffers. The optimizer's state of a first step is made after
     the program is compiled (XLA's compilation of GPT-2's float64 step holds most of a gigabyte while it runs, not
-    beside Adam's two moments) and donated too, the new state written into its buffers. Donation changes where outputs are written, not what is
-    computed: the reports are the same number for number. The step returns its new state at the last step too
-    (nothing reads it): a program without that output is fused otherwise, and its update rounds otherwise (Adam's
-    steps on near-zero gradients moved by up to 1e-3 of their size in the example ports). Each variant is compiled once
-    per check."""
+    beside Adam's two moments) and donated too, the new state written into its buffers. Donation changes where outputs
+    are written, not what is computed: the reports are the same number for number. The step returns its new state at
+    the last step too (nothing reads it): a program without that output is fused otherwise, and its update rounds
+    otherwise (Adam's steps on near-zero gradients moved by up to 1e-3 of their size in the example ports). Each
+    variant is compiled once per check."""
 
     def __init__(self, step, optimizer):
         def apart(params, rest, inputs, targets, opt_state):
