@@ -4,9 +4,12 @@ The GPT-2 example runs at its tiny size here (``GPT2_SIZE=tiny``: the same code,
 check and its memory are measured by ``benchmarks/check_port_memory.py``.
 """
 
+import copy
+import gc
 import importlib.util
 import json
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +107,77 @@ def test_a_blocks_loss_gives_the_models_own_gradients(monkeypatch):
         for (key, own), (_, whole) in zip(copy.named_parameters(), block.named_parameters()):
             np.testing.assert_allclose(own.grad.numpy(), whole.grad.numpy(), rtol=1e-10, atol=1e-14, err_msg=key)
 
+
+
+class _BatchNormStack(torch.nn.Module):
+    """Convolutions with BatchNorm in training mode (running statistics written by the forward) and a stem whose weight
+    the head reuses (tied), in a channels-last memory layout: what the recording must give back as it found it."""
+
+    def __init__(self, lstm: bool = False, captured: bool = False):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.layers = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1),
+                                                                torch.nn.BatchNorm2d(4), torch.nn.Tanh())
+                                            for _ in range(2)])
+        self.lstm = torch.nn.LSTM(4, 4, batch_first=True) if lstm else None
+        self.captured = [self.stem.weight] if captured else None  # read past the module's attribute
+
+    def forward(self, x):
+        x = self.layers(self.stem(x))
+        if self.lstm is not None:
+            x = x + self.lstm(x.mean(-1).transpose(1, 2))[0].transpose(1, 2).unsqueeze(-1)
+        weight = self.captured[0] if self.captured else self.stem.weight
+        return torch.nn.functional.conv2d(x[:, :3], weight.transpose(0, 1)[:3, :3])
+
+
+@pytest.mark.parametrize("model", ["gpt2", "batchnorm", "lstm", "captured"])
+def test_the_blocks_recorded_with_parameters_widened_where_read_are_the_whole_widened_models(monkeypatch, model):
+    """The float64 recording run reads each parameter widened where the forward reads it (no float64 copy of the model
+    held): the same inputs and cotangents, bit for bit, as widening the whole model, the model given back as it was
+    (its parameters the same objects in the same order, its running statistics those the whole widening leaves); a
+    model it cannot run that way (a parameter read other than as its module's attribute) is widened whole."""
+    if model == "gpt2":
+        module = _gpt2(monkeypatch)
+        spec, build = testing.spec_from_module(module), module.GPT
+    else:
+        spec = testing.Spec(lambda: _BatchNormStack(lstm=model == "lstm", captured=model == "captured"),
+                            example_inputs=lambda: (np.random.default_rng(0).normal(size=(2, 3, 5, 5))
+                                                    .astype(np.float32),),
+                            torch_loss=lambda o, x: torch.sum(o ** 3))
+        build = spec.torch_model
+    torch.manual_seed(0)
+    lazily = build().train()
+    if model != "gpt2":
+        lazily = lazily.to(memory_format=torch.channels_last)
+    whole = copy.deepcopy(lazily)
+    names = ["transformer.h.0", "transformer.h.2"] if model == "gpt2" else ["layers.0", "layers.1"]
+    parameters = [(name, id(p)) for name, p in lazily.named_parameters(remove_duplicate=False)]
+
+    records, how = by_block._recorded_in_float64(spec, lazily, names, "float32")
+    assert how == ("the model widened whole" if model == "captured" else "parameters widened where read")
+    whole.double()
+    expected = by_block._record(spec, whole, names, "float32")
+    whole.float()
+    assert parameters == [(name, id(p)) for name, p in lazily.named_parameters(remove_duplicate=False)]
+    assert type(lazily.get_submodule(names[0])) is type(whole.get_submodule(names[0]))  # no parametrization left
+    for name in names:
+        for got, want in zip(records[name]["inputs"], expected[name]["inputs"], strict=True):
+            assert got.dtype == want.dtype == np.float32 and np.array_equal(got, want), name
+        assert np.array_equal(records[name]["cotangent"], expected[name]["cotangent"]), name
+        assert np.abs(records[name]["cotangent"]).max() > 0
+    state, wanted = lazily.state_dict(), whole.state_dict()
+    assert list(state) == list(wanted)
+    for key in state:
+        assert state[key].dtype == wanted[key].dtype and torch.equal(state[key], wanted[key]), key
+        assert state[key].stride() == wanted[key].stride(), key
+    if model in ("batchnorm", "captured"):  # the forward wrote the running statistics, once (a failed try undone)
+        assert int(state["layers.0.1.num_batches_tracked"]) == 1
+        assert not torch.equal(state["layers.0.1.running_mean"], torch.zeros(4))
+    # nothing of the recording run holds the model: its parameters go with it
+    first = weakref.ref(next(lazily.parameters()))
+    del lazily, state
+    gc.collect()
+    assert first() is None
 
 # --- the blocks found, or named -------------------------------------------------------------------------------------
 

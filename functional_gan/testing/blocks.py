@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import weakref
 from typing import Any
 
 import jax.numpy as jnp
@@ -235,6 +236,92 @@ def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) ->
     return records
 
 
+def _recorded_in_float64(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) -> tuple[dict, str]:
+    """:func:`_record` run in float64 on a model that keeps its own parameters: each parameter widened where the forward
+    reads it (:func:`_widened_where_read`), else, where that cannot run (an RNN's packed weights, a module already
+    parametrized), the whole model widened and back. Either way the same numbers (widening is exact and each operation
+    sees the same float64 values); the first holds the model once at its own width, not again in float64 (GPT-2
+    124M: 0.47 GiB, not 0.93). Returns the records and which way they were made."""
+    width = next((p.dtype for p in model.parameters()), torch.float32)
+    saved = {name: buffer.clone() for name, buffer in model.named_buffers()}  # a failed try's running statistics undone
+    if not any(torch.nn.utils.parametrize.is_parametrized(m) for m in model.modules()):
+        try:
+            with _widened_where_read(model):
+                return _record(spec, model, names, dtype), "parameters widened where read"
+        except SpecError:
+            raise
+        except Exception:  # the whole model widened below: its own error, if it has one, is raised from there
+            model.load_state_dict(saved, strict=False)
+    model.double()
+    try:
+        return _record(spec, model, names, dtype), "the model widened whole"
+    finally:
+        model.to(width)  # exact: the model's own values, widened and back
+
+
+@contextlib.contextmanager
+def _widened_where_read(model: torch.nn.Module):
+    """The model's floating-point parameters read as float64 (a parametrization: ``module.weight`` is the parameter
+    widened, each time it is read) and its floating-point buffers widened (and narrowed back after, with what the
+    forward wrote into them: a BatchNorm's running statistics, as ``model.double()`` then ``model.to(width)`` would).
+    What autograd saves of a widened parameter for the backward (a Linear's weight) is saved as the parameter itself
+    and widened again when the backward reads it: no float64 copy of the model stays resident."""
+    from torch.nn.utils import parametrize
+
+    widened: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # storage address -> (the widened tensor, its parameter)
+
+    def forget(address):
+        def callback(ref):
+            if widened.get(address, (None,))[0] is ref:
+                del widened[address]
+        return callback
+
+    class Widened(torch.nn.Module):
+        def forward(self, original):
+            wide = original.to(torch.float64)
+            address = wide.untyped_storage().data_ptr()
+            if address:
+                widened[address] = (weakref.ref(wide, forget(address)), original)
+            return wide
+
+    def pack(tensor):
+        if tensor.dtype == torch.float64 and tensor.numel():
+            entry = widened.get(tensor.untyped_storage().data_ptr())
+            if entry is not None and entry[0]() is not None:  # alive: that storage is the widened parameter's
+                return (entry[1], tensor.size(), tensor.stride(), tensor.storage_offset())
+        # not the tensor itself: a node that saves its own output would hold that output, and through it the node, in
+        # a cycle Python's collector cannot see (the graph, the model's parameters with it, would outlive the run)
+        return tensor.detach()
+
+    def unpack(packed):
+        if isinstance(packed, tuple):
+            original, size, stride, offset = packed
+            return original.detach().to(torch.float64).as_strided(size, stride, offset)  # the same layout as before
+        return packed
+
+    done, buffers, orders = [], [], []
+    try:
+        for module in list(model.modules()):
+            orders.append((module, list(module._parameters)))
+            for name, parameter in list(module._parameters.items()):
+                if parameter is not None and parameter.is_floating_point():
+                    parametrize.register_parametrization(module, name, Widened(), unsafe=True)
+                    done.append((module, name))
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None and buffer.is_floating_point():
+                    buffers.append((module, name, buffer.dtype))
+                    module._buffers[name] = buffer.to(torch.float64)
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+    finally:
+        for module, name in reversed(done):
+            parametrize.remove_parametrizations(module, name, leave_parametrized=False)
+        for module, order in orders:  # each parameter back in its place (removing one appends it)
+            module._parameters = type(module._parameters)((name, module._parameters[name]) for name in order)
+        for module, name, width in buffers:
+            module._buffers[name] = module._buffers[name].to(width)
+
+
 def _block_spec(spec: Spec, name: str, template: torch.nn.Module, port, record: dict) -> Spec:
     """The check-port spec of one block: PyTorch's block against the port's, on the block's recorded inputs."""
     port_of = port if _is_module(port) or isinstance(port, tuple) else None
@@ -305,11 +392,8 @@ def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float 
     with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext():
         blocks = _block_list(spec, model)
     names = [name for name, _ in blocks]
-    width = next((p.dtype for p in model.parameters()), torch.float32)
-    model.double()
-    records = _record(spec, model, names, dtype)
-    model.to(width)  # exact: the model's own values, widened and back
-    phases.mark("float64 run: blocks' inputs recorded")
+    records, how = _recorded_in_float64(spec, model, names, dtype)
+    phases.mark(f"float64 run: blocks' inputs recorded ({how})")
     covered = {id(p) for name in names for p in model.get_submodule(name).parameters()}
     outside = [n for n, p in model.named_parameters() if id(p) not in covered]
     templates = {name: model.get_submodule(name) for name in names}
