@@ -72,7 +72,10 @@ def test_a_mistake_in_one_layer_is_named_in_that_block_whole_and_block_by_block(
     assert (report.first_divergence.stage, report.first_divergence.name) == BY_BLOCK[mistake]  # named as in the model
     assert blocks.outside == ["transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight",
                               "transformer.ln_f.bias"]
-    assert f"Block transformer.h.1: First divergence: {', '.join(BY_BLOCK[mistake])}" in blocks.format()
+    text = blocks.format()  # the block's first divergence in full once (its report), then named in the closing line
+    assert text.count(f"First divergence: {', '.join(BY_BLOCK[mistake])}: relative error") == 1, text
+    assert text.endswith(f"Block transformer.h.1 diverges first: {', '.join(BY_BLOCK[mistake])} (its report above).")
+    assert blocks.verdict().startswith(f"Block transformer.h.1: First divergence: {', '.join(BY_BLOCK[mistake])}")
     # each block's rows: its 6 layers, its output, 12 gradients and its input's, 12 updates; not the checker's own loss
     assert all(len(r.rows) == 32 and not any(row.stage == "loss" for row in r.rows) for _, r in blocks.blocks)
     if mistake == "residual-detached-in-layer-1":  # everything but the input's gradient agrees in layer 1

@@ -101,7 +101,12 @@ class BlockReport:
         if failing is not None:
             name, report = failing
             lines += ["", f"Block {name}, in full:", "", report.format()]
-        lines += ["", self.verdict()]
+        if failing is None:
+            lines += ["", self.verdict()]
+        else:  # the block's own report above ends with its first departure in full
+            first = failing[1].first_divergence or failing[1].precision_findings[0]
+            word = "diverges" if failing[1].exit_status(self.allow_precision) == EXIT_DIVERGENCE else "has precision findings"
+            lines += ["", f"Block {failing[0]} {word} first: {first.stage}, {first.name} (its report above)."]
         text = "\n".join(lines)
         return f"```text\n{text}\n```\n" if markdown else text
 

@@ -133,8 +133,8 @@ class Report:
             text = (f"First divergence: {first.stage}, {first.name}: the shapes differ: the port gives {port_shape}, "
                     f"PyTorch {torch_shape} (a layout the checker could not map; to_jax/from_jax say how to convert).")
         else:
-            text = (f"First divergence: {first.stage}, {first.name}: error {first.port_error:.3g} of the tensor's scale "
-                    f"{first.scale:.3g} (allowed {first.allowed:.3g}); at the largest difference JAX has "
+            text = (f"First divergence: {first.stage}, {first.name}: relative error {first.port_error:.3g} (the largest "
+                    f"difference ÷ the tensor's scale, {first.scale:.3g}; allowed {first.allowed:.3g}); at the largest difference JAX has "
                     f"{first.jax_value:.8g}, PyTorch (float64) {first.torch_value:.8g}.")
             if first.twin_error is not None:
                 text += (f" The same JAX program in float64 is {first.twin_error:.3g} of the scale from PyTorch64: "
@@ -259,7 +259,7 @@ class Report:
         for r in self.rows:
             noise = f"{r.noise:.2e}" if r.noise is not None else "—"
             jax_noise = f"{r.jax_noise:.2e}" if r.jax_noise is not None else "—"
-            ratio = f"{r.ratio:.2f}" if r.ratio is not None else "—"
+            ratio = _ratio(r.ratio) if r.ratio is not None else "—"
             error = "shape" if r.shapes is not None else f"{r.port_error:.2e}"
             mark = "✓" if r.passed else ("≈" if r.precision else "✗")
             if r.passed and r.noise is not None and r.noise > NEAR_ZERO:
@@ -283,11 +283,16 @@ def _badness(row: Row) -> float:
     return row.ratio if row.ratio is not None else row.port_error / row.allowed if row.allowed else float("inf")
 
 
+def _ratio(ratio: float) -> str:
+    """A ratio to the allowance in at most 7 characters: two decimals, or an exponent from 10,000 on (2.1e+06)."""
+    return f"{ratio:.2f}" if ratio < 10000 else f"{ratio:.1e}"
+
+
 def _measure(row: Row) -> str:
     if row.shapes is not None:
         return "shape"
     if row.ratio is not None:
-        return f"{row.ratio:.2f}×"
+        return f"{_ratio(row.ratio)}×"
     return f"{row.port_error / row.allowed:.2g} of" if row.allowed else "inf"
 
 
