@@ -335,3 +335,27 @@ def test_the_command_line_checks_block_by_block_and_writes_json(tmp_path, monkey
     assert "cannot be used with --by-block" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
     sys.modules.pop("port_spec_gpt2", None)
+
+
+def test_a_check_leaves_the_objects_it_found_out_of_the_collectors_passes_and_hands_them_back(monkeypatch):
+    """Each phase's mark runs Python's garbage collector: the objects alive as the check began (the libraries' own)
+    are frozen out of those passes while it runs, nested checks leave the outer one's freeze, and after the check the
+    collector has them all again."""
+    from functional_gan.testing import memory
+
+    frozen, release = [], memory.release
+
+    def spy():
+        frozen.append(gc.get_freeze_count())
+        release()
+
+    monkeypatch.setattr(memory, "release", spy)
+    assert gc.get_freeze_count() == 0
+    testing.check_port(_stack_spec(), programs=("jit",))
+    assert len(frozen) >= 5 and min(frozen) > 10_000 and gc.get_freeze_count() == 0
+    with memory.old_objects_frozen():
+        outer = gc.get_freeze_count()
+        with memory.old_objects_frozen():
+            assert gc.get_freeze_count() == outer
+        assert gc.get_freeze_count() == outer > 10_000
+    assert gc.get_freeze_count() == 0

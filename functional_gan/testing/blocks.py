@@ -34,7 +34,7 @@ from functional_gan.comparisons.judge import DEFAULT_K
 
 from . import apis
 from .check import check_port
-from .memory import Phases
+from .memory import Phases, old_objects_frozen
 from .pairing import default_to_jax
 from .report import EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_PRECISION, PROGRAMS, Report, _badness, _measure
 from .spec import Spec, SpecError, call_loss, select_output
@@ -383,6 +383,12 @@ def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float 
                    programs: tuple[str, ...] | None = None, torch_state: dict | None = None) -> BlockReport:
     """Check the port block by block (see the module's docstring): the PyTorch model run once in float64 to record
     each block's inputs and cotangent, then :func:`check_port` on each block, one at a time."""
+    with old_objects_frozen():
+        return _check_by_block(spec, dtype, steps, k, seed, programs, torch_state)
+
+
+def _check_by_block(spec: Spec, dtype: str, steps: int, k: float, seed: int, programs: tuple[str, ...] | None,
+                    torch_state: dict | None) -> BlockReport:
     import jax
 
     phases = Phases()

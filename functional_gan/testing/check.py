@@ -74,7 +74,7 @@ from . import apis
 from .jax_side import _check_dtypes, _jax_step_function
 from .pairing import (Pairing, _get, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
                       torch_in_flax_layout, transfer, variables_from_torch)
-from .memory import Phases, op_programs_bounded, trim
+from .memory import Phases, old_objects_frozen, op_programs_bounded, trim
 from .precision import likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
 from .spec import Spec, SpecError
@@ -708,7 +708,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         raise SpecError(f"programs must be taken from {PROGRAMS}, got {programs!r}")
     # Full float32 on GPUs/TPUs (no TF32 or bf16 passes, no effect on CPUs): PyTorch's side runs on the CPU, and its
     # float32 noise is the yardstick.
-    with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext(), jax.default_matmul_precision("highest"):
+    with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext(), \
+            jax.default_matmul_precision("highest"), old_objects_frozen():
         phases = Phases()
         run = _prepare(spec, dtype, k, seed, programs, torch_state)
         jax.clear_caches()  # the programs of the port's construction (run op by op, as NNX and Equinox build models)
