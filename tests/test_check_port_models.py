@@ -153,6 +153,39 @@ def test_the_compiled_step_donates_its_parameters_and_computes_what_jit_computes
     assert made == [0, 1]  # the first step's state made once its program was compiled
 
 
+
+def test_the_float64_twin_compiled_before_its_start_is_made_computes_what_jit_computes():
+    """The float32 program's float64 twin, compiled from the shapes of a start made and let go before the start it
+    runs on is made (the compilation not beside the start's float64 parameters): jax.jit's numbers bit for bit."""
+    import types
+
+    from functional_gan.testing.check import _float64_twin
+    from functional_gan.testing.jax_side import _jax_step_function
+
+    spec = _attention_spec()
+    adapter = testing.apis.adapter_for(spec, lambda channels_last: (jnp.asarray(spec.example_inputs()[0]),), 0)
+    step = _jax_step_function(adapter, spec, None)
+    run = types.SimpleNamespace(jax_inputs=(jnp.asarray(spec.example_inputs()[0]),),
+                                jax_targets=(jnp.asarray(spec.example_targets()[0]),), layer_shapes={}, layer_paths={})
+    made = []
+
+    def make_before():
+        made.append(1)
+        with jax.enable_x64(True):
+            params = jax.tree_util.tree_map(
+                lambda s: jnp.asarray(np.random.default_rng(0).normal(size=s.shape), jnp.float64),
+                adapter.variables["params"])
+        return {"params": params, "batch_stats": {}, "carry": adapter.carry}
+
+    plain = _float64_twin(run, jax.jit(step), make_before)
+    assert len(made) == 1
+    first = _float64_twin(run, jax.jit(step), make_before, compile_first=True)
+    assert len(made) == 3  # one start for its shapes, let go; one to run on
+    assert np.asarray(first["loss"]).dtype == np.float64
+    for key in ("output", "loss", "grads", "layers"):
+        assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+            lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), first[key], plain[key])), key
+
 def test_optimizer_runs_on_moved_values_read_lazily_are_the_moved_copies_bit_for_bit():
     """PyTorch's own float64 error at the update stage feeds its optimizer the start and the gradients moved by one ulp;
     the moves are drawn beforehand (int8) and applied as each tensor is read, the same numbers as moved copies."""

@@ -473,11 +473,21 @@ def _run_program(run: _Run, function, program: str, before: dict, opt_state, fir
                         f"{type(error).__name__}: {message}" + (f" ({'; '.join(hints)})" if hints else "")) from error
 
 
-def _float64_twin(run: _Run, function, before: dict) -> dict:
-    """A program's step without its optimizer, in float64 from the same start (PyTorch64's parameters and buffers
-    ``before``), for JAX's own float32 error up to the gradients."""
+def _float64_twin(run: _Run, function, make_before: Callable[[], dict], compile_first: bool = False) -> dict:
+    """A program's step without its optimizer, in float64 from the same start (PyTorch64's parameters and buffers, made
+    by ``make_before``), for JAX's own float32 error up to the gradients. ``compile_first`` (a jitted ``function``):
+    compiled before its start is made, from the shapes of a start made and let go first, so that XLA's compilation
+    does not run beside the start's float64 parameters (GPT-2's: 1 GB)."""
     with jax.enable_x64(True):
         inputs, targets = _floats_in((run.jax_inputs, run.jax_targets), jnp.float64)
+        if compile_first:
+            before = make_before()
+            shapes = jax.eval_shape(lambda: before)
+            del before
+            with apis.nested_outputs():  # traced as _collected runs it: layers inside the port's own scans leave
+                function = function.lower(shapes, inputs, targets, None).compile()
+            trim()
+        before = make_before()
         return _collected(run, lambda: function(before, inputs, targets, None))
 
 
@@ -805,11 +815,10 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 _let_go_of_programs(program)
                 phases.mark(f"step {step}: the port, {program}")
                 if program == twin_program:
-                    with jax.enable_x64(True):
-                        start64 = _start_of_step(run, jnp.float64, own_before, params_state)
-                    with _programs_held(program):
-                        twin = _float64_twin(run, twin_function, start64)
-                    del start64
+                    with jax.enable_x64(True), _programs_held(program):
+                        twin = _float64_twin(run, twin_function,
+                                             lambda: _start_of_step(run, jnp.float64, own_before, params_state),
+                                             compile_first=program == "jit")
                     narrow = _narrow(twin, run)
                     if narrow:  # a port that fixes its own dtype: no float64 twin, nothing can be called precision
                         run.notes.add(f"the port run in float64 computes in {narrow[1]} ({narrow[0]} gives {narrow[1]} from "
