@@ -9,8 +9,8 @@ of 64 tokens in training mode (dropout 0).
     GPT2_SIZE=tiny functional-gan check-port examples/port/gpt2.py      # the same code, 3 layers of 32
 
 Measured on a 2-core machine (float32, both programs): the whole check agrees (373 quantities) at a peak of 6.4 GiB
-in 72 s; block by block (``blocks()`` below: each layer of the scan against ``transformer.h.i``) at 1.7 GiB in 124 s.
-In float64 the whole check needs 6.9 GiB with ``--program jit`` (8.2 GiB with both programs), and names the gradient
+in 82 s; block by block (``blocks()`` below: each layer of the scan against ``transformer.h.i``) at 1.5 GiB in 106 s.
+In float64 the whole check needs 6.8 GiB with ``--program jit`` (8.3 GiB with both programs), and names the gradient
 of ``transformer.h.1.ln_1.weight`` at 1.01× its allowance (XLA sums it over the 128 positions in another order than
 PyTorch; see docs/limitations.md).
 
