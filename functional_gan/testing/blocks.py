@@ -98,15 +98,14 @@ class BlockReport:
             shown = ", ".join(self.outside[:8]) + (f" and {len(self.outside) - 8} more" if len(self.outside) > 8 else "")
             lines += ["", f"Not in any block (the whole-model check compares them): {shown}."]
         failing = self.first_failing
-        if failing is not None:
-            name, report = failing
-            lines += ["", f"Block {name}, in full:", "", report.format()]
         if failing is None:
             lines += ["", self.verdict()]
-        else:  # the block's own report above ends with its first departure in full
-            first = failing[1].first_divergence or failing[1].precision_findings[0]
-            word = "diverges" if failing[1].exit_status(self.allow_precision) == EXIT_DIVERGENCE else "has precision findings"
-            lines += ["", f"Block {failing[0]} {word} first: {first.stage}, {first.name} (its report above)."]
+        else:  # the block's own report ends with its first departure in full; the closing line names it
+            name, report = failing
+            first = report.first_divergence or report.precision_findings[0]
+            word = "diverges" if report.exit_status(self.allow_precision) == EXIT_DIVERGENCE else "has precision findings"
+            lines += ["", f"Block {name}, in full:", "", report.format(), "",
+                      f"Block {name} {word} first: {first.stage}, {first.name} (its report above)."]
         text = "\n".join(lines)
         return f"```text\n{text}\n```\n" if markdown else text
 
@@ -243,13 +242,13 @@ def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) ->
 
 def _recorded_in_float64(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) -> tuple[dict, str]:
     """:func:`_record` run in float64 on a model that keeps its own parameters: each parameter widened where the forward
-    reads it (:func:`_widened_where_read`), else, where that cannot run (an RNN's packed weights, a module already
-    parametrized), the whole model widened and back. Either way the same numbers (widening is exact and each operation
+    reads it (:func:`_widened_where_read`), else, where that cannot run (a parameter read other than as its module's
+    attribute, such as one kept in a list; a module already parametrized), the whole model widened and back. Either way the same numbers (widening is exact and each operation
     sees the same float64 values); the first holds the model once at its own width, not again in float64 (GPT-2
     124M: 0.47 GiB, not 0.93). Returns the records and which way they were made."""
     width = next((p.dtype for p in model.parameters()), torch.float32)
-    saved = {name: buffer.clone() for name, buffer in model.named_buffers()}  # a failed try's running statistics undone
     if not any(torch.nn.utils.parametrize.is_parametrized(m) for m in model.modules()):
+        saved = {name: buffer.clone() for name, buffer in model.named_buffers()}  # a failed try's statistics undone
         try:
             with _widened_where_read(model):
                 return _record(spec, model, names, dtype), "parameters widened where read"

@@ -134,8 +134,8 @@ class Report:
                     f"PyTorch {torch_shape} (a layout the checker could not map; to_jax/from_jax say how to convert).")
         else:
             text = (f"First divergence: {first.stage}, {first.name}: relative error {first.port_error:.3g} (the largest "
-                    f"difference ÷ the tensor's scale, {first.scale:.3g}; allowed {first.allowed:.3g}); at the largest difference JAX has "
-                    f"{first.jax_value:.8g}, PyTorch (float64) {first.torch_value:.8g}.")
+                    f"difference ÷ the tensor's scale, {first.scale:.3g}; allowed {first.allowed:.3g}); at the largest "
+                    f"difference JAX has {first.jax_value:.8g}, PyTorch (float64) {first.torch_value:.8g}.")
             if first.twin_error is not None:
                 text += (f" The same JAX program in float64 is {first.twin_error:.3g} of the scale from PyTorch64: "
                          "the mathematics differs.")
