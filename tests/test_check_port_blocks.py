@@ -340,7 +340,8 @@ def test_the_command_line_checks_block_by_block_and_writes_json(tmp_path, monkey
 def test_a_check_leaves_the_objects_it_found_out_of_the_collectors_passes_and_hands_them_back(monkeypatch):
     """Each phase's mark runs Python's garbage collector: the objects alive as the check began (the libraries' own)
     are frozen out of those passes while it runs, nested checks leave the outer one's freeze, and after the check the
-    collector has them all again."""
+    collector has them all again (CPython 3.12.1 starts with a few hundred objects frozen: the check hands those back
+    too)."""
     from functional_gan.testing import memory
 
     frozen, release = [], memory.release
@@ -350,7 +351,7 @@ def test_a_check_leaves_the_objects_it_found_out_of_the_collectors_passes_and_ha
         release()
 
     monkeypatch.setattr(memory, "release", spy)
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() < 1000
     testing.check_port(_stack_spec(), programs=("jit",))
     assert len(frozen) >= 5 and min(frozen) > 10_000 and gc.get_freeze_count() == 0
     with memory.old_objects_frozen():

@@ -52,22 +52,30 @@ def trim() -> None:
         function(0)
 
 
+_FREEZING = []
+
+
 @contextlib.contextmanager
 def old_objects_frozen():
     """The Python objects alive as a check starts (the imported libraries' modules, classes and functions: hundreds of
     thousands under torch, JAX and Flax) left out of the garbage collector's passes while it runs (``gc.freeze``), and
-    handed back to it after: each phase's collection (:func:`release`) then walks what the check made, not the whole
-    interpreter (0.2 s a pass otherwise: a fifth of a block-by-block check's time, and of many a small check's). Inside
-    a check that froze them already (a block's, within a block-by-block check), or where the program froze its own,
-    nothing changes."""
-    if gc.get_freeze_count():
+    handed back to it after (``gc.unfreeze``): each phase's collection (:func:`release`) then walks what the check made,
+    not the whole interpreter (0.2 s a pass otherwise: a fifth of a block-by-block check's time, and of many a small
+    check's). Inside a check that froze them already (a block's, within a block-by-block check) nothing changes.
+
+    ``gc.unfreeze`` hands back every frozen object: objects the program froze itself before the check (CPython 3.12.1
+    starts with a few hundred frozen) are collected as usual after it; the collector has no way to unfreeze only some.
+    """
+    if _FREEZING:
         yield
         return
+    _FREEZING.append(True)
     gc.freeze()
     try:
         yield
     finally:
         gc.unfreeze()
+        _FREEZING.pop()
 
 
 @dataclasses.dataclass
