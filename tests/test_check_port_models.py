@@ -6,7 +6,9 @@ Each test builds a small PyTorch model and a port whose only difference (if any)
 """
 
 import dataclasses
+import mmap
 import re
+import tempfile
 
 import flax.linen as fnn
 import jax
@@ -25,9 +27,9 @@ class _Attention(torch.nn.Module):
     """One attention head without a mask: softmax ignores the key's bias (it shifts every logit of a row by the same
     amount), so that bias's gradient is zero but for rounding."""
 
-    def __init__(self):
+    def __init__(self, width: int = 8):
         super().__init__()
-        self.q, self.k, self.v = (torch.nn.Linear(8, 8) for _ in range(3))
+        self.q, self.k, self.v = (torch.nn.Linear(width, width) for _ in range(3))
 
     def forward(self, x):
         att = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2) / 8 ** 0.5, dim=-1)
@@ -36,10 +38,11 @@ class _Attention(torch.nn.Module):
 
 class _LinenAttention(fnn.Module):
     dtype: object = None  # Flax's own default; jnp.float32 fixes the dtype the port computes in
+    width: int = 8
 
     @fnn.compact
     def __call__(self, x):
-        q, k, v = (fnn.Dense(8, dtype=self.dtype)(x) for _ in range(3))
+        q, k, v = (fnn.Dense(self.width, dtype=self.dtype)(x) for _ in range(3))
         att = jax.nn.softmax(q @ jnp.swapaxes(k, 1, 2) / 8 ** 0.5, axis=-1)
         return att @ v
 
@@ -239,6 +242,73 @@ def test_reference_gradients_computed_again_are_the_ones_held(dtype, monkeypatch
     assert len(calls) == 2  # at the last step, once for each program
     assert [row.__dict__ for row in held.rows + held.other_rows] == \
         [row.__dict__ for row in again.rows + again.other_rows]
+
+
+def _wide_attention_spec() -> testing.Spec:
+    """The attention spec 64 wide: its weights span whole pages of memory (what parking hands back)."""
+    return _attention_spec(torch_model=lambda: _Attention(64), jax_model=lambda: _LinenAttention(width=64),
+                           example_inputs=lambda: (np.random.default_rng(0).normal(size=(4, 6, 64)).astype(np.float32),),
+                           example_targets=lambda: (np.random.default_rng(1).normal(size=(4, 6, 64)).astype(np.float32),))
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
+def test_the_reference_parked_on_disk_while_the_port_runs_gives_the_same_report(dtype, monkeypatch):
+    """A large model's PyTorch64 reference (and its optimizer's state) is parked on disk while each program of the port
+    runs. Forced on a small model, over two steps and both programs: its weights and moments read as zeros while a program runs (their memory handed back), and the report
+    is the same, number for number."""
+    from functional_gan.testing import check
+
+    held = testing.check_port(_wide_attention_spec(), dtype, steps=2)
+    run_program, seen = check._run_program, []
+
+    def spy(run, *args, **kwargs):
+        model, optimizer = run.sides["ref"]
+        moments = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1]
+        # nothing but the parts of a page at each end of a tensor's memory still holds its values
+        seen.append([int(t.count_nonzero()) <= 2 * mmap.PAGESIZE // t.element_size()
+                     for t in [*model.parameters(), *moments] if t.numel() >= 4096])
+        return run_program(run, *args, **kwargs)
+
+    monkeypatch.setattr(check, "PARKED_ABOVE", -1)
+    monkeypatch.setattr(check, "_run_program", spy)
+    again = testing.check_port(_wide_attention_spec(), dtype, steps=2)
+    assert [len(sums) for sums in seen] == [9] * 4  # two steps of two programs: 3 weights, Adam's 6 moments of them
+    assert all(all(sums) for sums in seen)
+    assert [row.__dict__ for row in held.rows + held.other_rows] == \
+        [row.__dict__ for row in again.rows + again.other_rows]
+
+
+def test_parked_tensors_come_back_with_their_values_views_and_ties(monkeypatch):
+    """Parked tensors' memory is handed back (whole pages of it read as zeros) and read back: the same objects,
+    views, NumPy arrays of them and tied parameters see the same values; a failed write lets nothing go."""
+    from functional_gan.testing.torch_side import Parked
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256)).double()
+    model[1].weight = model[0].weight  # tied
+    view = model[0].weight.detach()[2:]  # a view of the same memory, as a step's start holds at the last step
+    array = model[0].weight.detach().numpy()  # a NumPy array of it, as the conversions make
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    parked = Parked([*model.parameters(), view])
+    assert len(parked.storages) == 1 and parked.nbytes == 256 * 256 * 8  # the biases span no whole page
+    with parked:
+        assert not model[0].weight.detach()[8:-8].any() and not array[8:-8].any()
+        assert torch.equal(model[0].bias, before["0.bias"])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(view, before["0.weight"][2:]) and model[1].weight is model[0].weight
+    assert np.array_equal(array, before["0.weight"].numpy())
+
+    class FullDisk:
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kwargs: FullDisk())
+    with pytest.raises(OSError, match="No space"):
+        with Parked(list(model.parameters())):
+            pass
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def test_memory_phases_are_reported_on_request(capsys, tmp_path, monkeypatch):

@@ -78,7 +78,7 @@ from .memory import Phases, old_objects_frozen, op_programs_bounded, trim
 from .precision import likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
 from .spec import Spec, SpecError
-from .torch_side import _torch_side, _torch_step, fed_update, load_into, other_layout
+from .torch_side import Parked, _torch_side, _torch_step, fed_update, load_into, other_layout
 
 PERMUTED_RUNS = 2  # float32 PyTorch runs with the batch in another order, besides the plain one
 
@@ -665,6 +665,21 @@ class _CompiledStep:
         return call
 
 
+PARKED_ABOVE = 256 << 20  # bytes of PyTorch64's reference model (and its optimizer's state) parked while the port runs
+
+
+def _reference_parked(run: _Run):
+    """While a program of the port runs, PyTorch64's reference model, and its optimizer's state, parked on disk
+    (:class:`.torch_side.Parked`) where they are over ``PARKED_ABOVE`` bytes (GPT-2 124M's: 1 GB in float64): nothing
+    reads them until the program's outcome is compared. Every start of the program is made before, from them."""
+    model, optimizer = run.sides["ref"]
+    tensors = [*model.parameters(), *model.buffers()]
+    if optimizer is not None:
+        tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    parked = Parked(tensors)
+    return parked if parked.nbytes > PARKED_ABOVE else contextlib.nullcontext()
+
+
 def _programs_held(program: str):
     """While ``program`` runs: op by op, at most a bounded number of JAX's per-operation programs held
     (:func:`.memory.op_programs_bounded`); compiled, nothing to bound."""
@@ -800,7 +815,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     if program not in opt_states:
                         opt_states[program] = optimizer.init(start["params"]) if optimizer is not None else None
                     function = last_step_fn if last else step_fn
-                with _programs_held(program):
+                with _programs_held(program), _reference_parked(run):
                     outcome = _run_program(run, function, program, start, opt_states[program],
                                            first=step == 1 and program == order[0])
                 if step == 1 and program == order[0]:
