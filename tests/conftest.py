@@ -42,6 +42,28 @@ def pytest_configure(config):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+# Test modules whose tests share one long computation, each run in one worker: the comparison suite (about 100 s, run
+# once per session by tests.helpers.once_per_session: a second worker would sit waiting on its lock) and the
+# uninterrupted two-process training run test_multiprocess.py compares with (a module fixture: about 40 s of both
+# cores, once per worker that runs the module's tests).
+_ONE_WORKER_MODULES = {"tests/test_comparison_suite.py", "tests/test_multiprocess.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's load balancing (``-n``), test by test, but for the modules above, each sent to one worker whole.
+    (pytest-xdist's own ``--dist loadgroup`` does this by a mark, but its mark is not seen under pytest 9.)"""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerForSharedModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in _ONE_WORKER_MODULES else nodeid
+
+    return OneWorkerForSharedModules(config, log)
+
+
 def pytest_unconfigure(config):
     if _CACHE_FOLDER in config.stash:
         shutil.rmtree(config.stash[_CACHE_FOLDER], ignore_errors=True)
