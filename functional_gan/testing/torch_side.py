@@ -4,7 +4,6 @@ every paired layer's output recorded, and PyTorch's optimizer fed the port's gra
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import sys
 from collections.abc import Mapping
@@ -12,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from .memory import trim
+from .memory import _LIBC, trim
 from .pairing import Pairing
 from .spec import Spec, call_loss, select_output
 
@@ -220,8 +219,8 @@ class Parked:
             if storage.data_ptr() in seen or storage.device.type != "cpu" or storage.nbytes() < 2 * _PAGE:
                 continue
             seen.add(storage.data_ptr())
-            self.storages.append((storage.data_ptr(), storage.nbytes(), storage))
-        if _MADVISE is None:
+            self.storages.append((storage.data_ptr(), storage.nbytes(), storage))  # the storage kept alive with it
+        if _MADVISE is None:  # nothing can be handed back
             self.storages = []
         self.nbytes = sum(size for _, size, _ in self.storages)
 
@@ -261,14 +260,11 @@ def _buffer(address: int, size: int):
 
 
 def _madvise():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    function.restype = ctypes.c_int
+    """The C library's ``madvise`` (Linux), or None."""
+    function = getattr(_LIBC, "madvise", None) if sys.platform.startswith("linux") else None
+    if function is not None:
+        function.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        function.restype = ctypes.c_int
     return function
 
 
