@@ -67,22 +67,25 @@ def test_a_planted_porting_mistake_is_named_at_its_stage_and_layer(name, mistake
     assert (first.stage, first.name) == module.MISTAKES[mistake], report.format()
 
 
-def test_optax_float32_bias_correction_is_a_precision_finding_with_its_cause():
+def test_optax_float32_bias_correction_is_a_note_with_its_verified_cause():
     """optax.adamw's 1 − βᵗ in float32 costs 6.4e-6 of each update: beyond PyTorch's float32 error, so never called
-    agreement; the same optax update in float64 is right, so it is a precision finding, not a divergence."""
+    agreement; the same optax update in float64 is right, so not a divergence; and within √eps (3.5e-4) of each scale,
+    so a note that fails nothing, its cause named because the update recomputed with 1 − βᵗ exact loses the excess."""
     module = _example("nanogpt_block")
     module.MISTAKE = "optax-bias-correction"
     report = port.check_port(port.spec_from_module(module), "float32", programs=("jit",))
-    assert report.first_divergence is None and report.precision_findings, report.format()
-    assert not report.passed and report.exit_status() == 3 and report.exit_status(allow_precision=True) == 0
-    first = report.precision_findings[0]
+    assert report.first_divergence is None and not report.precision_findings and report.precision_notes, report.format()
+    assert report.exit_status() == 0
+    first = report.precision_notes[0]
     assert (first.stage, first.name) == module.FLOAT32_ONLY["optax-bias-correction"]
-    assert first.ratio > 10  # ≈ 14× PyTorch's own error
-    assert all(r.stage == "update" for r in report.precision_findings)
-    assert any("optax computes Adam's bias corrections" in cause for cause in report.causes), report.causes
-    assert "Precision: " in report.verdict() and "optax" in report.verdict()
+    assert first.ratio > 10 and first.port_error < 1e-4  # ≈ 14× PyTorch's own error, 6.4e-6 of the scale
+    assert all(r.stage == "update" for r in report.precision_notes)
+    assert any("optax computes Adam's bias corrections" in cause and "verified: rerun with 1 − βᵗ exact" in cause
+               for cause in report.causes), report.causes
+    assert "Note: " in report.verdict() and "optax" in report.verdict()
     module.MISTAKE = None
-    assert not port.check_port(port.spec_from_module(module), "float32", programs=("jit",)).precision_findings
+    clean = port.check_port(port.spec_from_module(module), "float32", programs=("jit",))
+    assert not clean.precision_findings and not clean.precision_notes
 
 
 def test_buffers_are_compared_when_the_model_has_running_statistics():

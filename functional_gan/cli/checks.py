@@ -83,6 +83,28 @@ def run_diverge(args) -> int:
     return 0 if divergence is None else 1
 
 
+def _users_frame(error: BaseException, spec_path: str) -> str | None:
+    """Where ``error`` was raised in code of the user's: the spec's function (``torch_loss`` in SPEC.py), else the
+    innermost frame outside check-port and the array libraries (the port's model code, a library the port uses, such
+    as transformers); None where every frame is check-port's or those libraries'."""
+    import os
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    spec = os.path.realpath(spec_path)
+    for frame in reversed(frames):
+        if os.path.realpath(frame.filename) == spec:
+            return f"the spec's {frame.name}() ({Path(spec_path).name}:{frame.lineno})"
+    ours = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    libraries = ("/jax/", "/jaxlib/", "/flax/", "/optax/", "/torch/", "/numpy/", "/equinox/", "/contextlib.py",
+                 "/functools.py")
+    for frame in reversed(frames):
+        path = os.path.realpath(frame.filename)
+        if not path.startswith(ours) and not any(part in path for part in libraries):
+            return f"{frame.name}() ({path}:{frame.lineno})"
+    return None
+
+
 def add_check_port(subparsers) -> None:
     p = command(subparsers, run_check_port)
     p.add_argument("spec", metavar="SPEC.py", help="the spec file (its folder is importable from it)")
@@ -130,9 +152,11 @@ def run_check_port(args) -> int:
     named as a JAX/XLA matter. PyTorch in float64 is the reference; a quantity passes when the port is within k times
     PyTorch's own error in that dtype (the batch in other orders). Exit status 0: agreement; 1: a divergence (named:
     a value out of tolerance, or a shape that differs); 2: a spec it cannot use (a missing function, a weight that
-    cannot be paired, a param_map that is not a dict, a port that computes in another dtype than --dtype); 3:
-    precision findings only (float32 beyond k times PyTorch's own error while the same program in float64 agrees:
-    named with where it starts and its likely cause; 0 with --allow-precision). Needs the torch extra (and equinox
+    cannot be paired, a param_map that is not a dict, a port that computes in another dtype than --dtype, an
+    exception raised in the spec's or the port's code); 3: precision findings only (beyond k times PyTorch's own
+    error, the mathematics right, and more than √eps of the scale: named with where it starts and its verified
+    cause; 0 with --allow-precision). Smaller precision differences are notes (exit 0); float64 counts the port's
+    own error too (its program's float32 error times 2⁻²⁹). Needs the torch extra (and equinox
     for Equinox ports). Examples: examples/port/.
     """
     port = torch_side("functional_gan.testing", "check-port")
@@ -149,13 +173,23 @@ def run_check_port(args) -> int:
     state = converting.read_weights(args.weights, spec.torch_model()) if args.weights else None
     if args.by_block and args.save:
         raise UserError("--save writes what the whole-model check agreed on: it cannot be used with --by-block")
-    if args.by_block:
-        from functional_gan.testing.blocks import check_by_block
+    try:
+        if args.by_block:
+            from functional_gan.testing.blocks import check_by_block
 
-        report = check_by_block(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state)
-    else:
-        report = port.check_port(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state,
-                                 export=bool(args.save))
+            report = check_by_block(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state)
+        else:
+            report = port.check_port(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state,
+                                     export=bool(args.save))
+    except (UserError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as error:  # raised in the spec's or the port's code: exit 2 with one line, never 1 (a divergence)
+        where = _users_frame(error, args.spec)
+        if where is None:  # nothing of the spec's or the port's on the way: a fault of check-port's, with its traceback
+            raise
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise UserError(f"the check stopped on an exception raised in {where}: {type(error).__name__}: {message} "
+                        "(not a verdict on the port: fix the spec or the port there and run the check again)") from error
     report.allow_precision = args.allow_precision
     print(report.format())
     if args.memory:

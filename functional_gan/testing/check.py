@@ -60,6 +60,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
+import sys
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -75,7 +78,7 @@ from .jax_side import _check_dtypes, _jax_step_function
 from .pairing import (Pairing, _get, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
                       torch_in_flax_layout, transfer, variables_from_torch)
 from .memory import Phases, old_objects_frozen, op_programs_bounded, trim
-from .precision import likely_causes
+from .precision import _uses_adam, likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
 from .spec import Spec, SpecError
 from .torch_side import Parked, _torch_side, _torch_step, fed_update, load_into, other_layout
@@ -106,11 +109,15 @@ class _Run:
     tied: dict = dataclasses.field(default_factory=dict)  # tied tensors: later name → the name paired
     working: dict = dataclasses.field(default_factory=dict)  # a working PyTorch model per dtype (see _prepare)
     reference_rng: Any = None  # PyTorch's random state as the reference's step of this step began
+    # a cause switched off → the last step's rows up to the gradients, by (stage, name), of the port without it
+    counterfactuals: dict = dataclasses.field(default_factory=dict)
 
 
-def _layout_of(jax_output, torch_shape: tuple, from_jax) -> np.ndarray:
+def _layout_of(jax_output, torch_shape: tuple, from_jax, notes: set | None = None, where: str = "") -> np.ndarray:
     """A layer's output of the port in PyTorch's layout: what ``from_jax`` makes of it (as for the model's output);
-    if that does not give PyTorch's shape, the output as it is, or with its channels moved to axis 1."""
+    if that does not give PyTorch's shape, the output as it is, with its channels moved to axis 1, or with its axes in
+    the one order that gives PyTorch's shape (a port that lays an intermediate out transposed: its business; ``notes``
+    says so). Else the output as it is: a row not compared."""
     for candidate in (lambda y: np.asarray(from_jax(y)), np.asarray, lambda y: np.moveaxis(np.asarray(y), -1, 1)):
         try:
             converted = candidate(jax_output)
@@ -118,7 +125,16 @@ def _layout_of(jax_output, torch_shape: tuple, from_jax) -> np.ndarray:
             continue
         if converted.shape == tuple(torch_shape):
             return converted
-    return np.asarray(jax_output)
+    value = np.asarray(jax_output)
+    orders = {order for order in itertools.permutations(range(value.ndim))
+              if tuple(value.shape[a] for a in order) == tuple(torch_shape)} if value.ndim <= 5 else set()
+    if len(orders) == 1:
+        order = orders.pop()
+        if notes is not None:
+            notes.add(f"{where}: the port lays it out as {value.shape}, PyTorch as {tuple(torch_shape)}; compared with "
+                      f"the port's axes in the order {order}")
+        return np.transpose(value, order)
+    return value
 
 
 BEFORE_UPDATE = ("forward", "output", "loss", "gradient")
@@ -136,7 +152,8 @@ def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None, stages=
         if path in jax_seen["layers"]:
             expected = ref["layers"][torch_name]
             yield ("forward", torch_name or "(model)",
-                   lambda s, p=path, e=expected: _layout_of(s["layers"][p], e.shape, run.from_jax),
+                   lambda s, p=path, e=expected, n=torch_name or "(model)": _layout_of(
+                       s["layers"][p], e.shape, run.from_jax, run.notes, f"forward, {n}"),
                    expected, noise["layers"][torch_name], np.shape(jax_seen["layers"][path]))
     if "output" in stages:
         yield ("output", "output", lambda s: _layout_of(s["output"], ref["output"].shape, run.from_jax),
@@ -182,12 +199,56 @@ def _twin_measures(run: _Run, seen: dict, jax_seen: dict, twin: dict) -> dict:
     return measures
 
 
+FLOAT32_TO_64 = float(np.finfo(np.float64).eps / np.finfo(np.float32).eps)  # 2⁻²⁹: rounding scales with the unit roundoff
+
+
+def _port_variation(run: _Run, seen: dict, jax_seen: dict, variant: dict | None) -> dict:
+    """float64: the port's own rounding error, quantity by quantity up to the gradients, estimated from its program in
+    float32 (:func:`_port_variant`): ``max |JAX₃₂ − JAX₆₄|`` of this program's outcome (``jax_seen``), times
+    eps₆₄/eps₃₂ (2⁻²⁹), kept as numbers not yet divided by each quantity's scale."""
+    if variant is None:
+        return {}
+    measures = {}
+    for stage, name, pick, reference, _, _ in _quantities(run, seen, jax_seen, None, BEFORE_UPDATE):
+        if stage == "forward" and run.layer_paths[name if name != "(model)" else ""] not in variant["layers"]:
+            continue
+        a, b = pick(variant), pick(jax_seen)
+        if np.shape(a) == np.shape(b) == np.shape(reference):
+            measures[stage, name] = TwinMeasured(relative_error(a, b, scale=1.0) * FLOAT32_TO_64, np.shape(a))
+    return measures
+
+
+def _narrowed(tree):
+    """``tree`` as a float32 program takes it: floating-point leaves in float32, integers in int32."""
+    def narrow(a):
+        if jax.dtypes.issubdtype(getattr(a, "dtype", np.float64), jax.dtypes.prng_key):  # a key (NNX's Rngs)
+            return a
+        a = np.asarray(a)
+        if a.dtype.kind == "f":
+            return a.astype(np.float32)
+        return a.astype(np.int32) if a.dtype.kind in "iu" and a.dtype.itemsize > 4 else a
+    return jax.tree_util.tree_map(narrow, tree)
+
+
+def _port_variant(run: _Run, function, start: dict) -> dict:
+    """float64: the port's program without its optimizer, run in float32 from the same start (64-bit types off, so
+    that a dtype the port fixes to its inputs' computes in float32 too). Rounding error scales with the unit roundoff:
+    the same summation orders and cancellations in float64 err 2⁻²⁹ times as much, so ``|JAX₃₂ − JAX₆₄| · 2⁻²⁹``
+    estimates the port's own float64 error, XLA's sums included, as PyTorch's float32 run estimates PyTorch's."""
+    start, inputs, targets = _narrowed((start, run.jax_inputs, run.jax_targets))
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Explicitly requested dtype float64")  # a dtype the port fixes
+        return _collected(run, lambda: function(start, inputs, targets, None))
+
+
 def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, measures: dict,
-          update64: dict | None, stages=BEFORE_UPDATE + FROM_UPDATE) -> list[Row]:
+          update64: dict | None, stages=BEFORE_UPDATE + FROM_UPDATE, variation: dict | None = None) -> list[Row]:
     """Every quantity of one step of the ``stages`` asked for compared, in debugging order. ``measures``: JAX's own
     float32 error up to the gradients (see :func:`_twin_measures`); ``update64``: the port's optimizer in float64 fed
-    this program's gradients, its own float32 error at the update stage."""
+    this program's gradients, its own float32 error at the update stage; ``variation``: float64, the port's own
+    variation up to the gradients (:func:`_port_variation`)."""
     rows = []
+    variation = variation or {}
     for stage, name, pick, reference, noise, port_shape in _quantities(run, seen, jax_seen, fed, stages):
         if stage == "update":  # the gradients are compared: let go before the updates are
             jax_seen.pop("grads", None)
@@ -198,8 +259,9 @@ def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, 
             jax_noisy = [(port, pick(update64))]
         if stage in ("forward", "output"):
             port, reference = _broadcast_equal(run, f"{stage}, {name}", port, reference)
+        port_noisy = [variation[stage, name]] if (stage, name) in variation else []
         rows.append(compare(prefix + stage, name, port, reference, [noise], run.dtype, run.k, port_shape=port_shape,
-                            jax_noisy=jax_noisy, float64_noise=True))
+                            jax_noisy=jax_noisy, float64_noise=True, port_noisy=port_noisy))
     return rows
 
 
@@ -244,12 +306,21 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
     state = reference_model.state_dict()  # each model built loads it; the first build is let go after pairing
     jax_dtype = jnp.float64 if dtype == "float64" else jnp.float32
 
-    def on_jax(arrays):
-        return tuple(jnp.asarray(x, jax_dtype) if np.asarray(x).dtype.kind == "f" else jnp.asarray(x) for x in arrays)
+    def on_jax(arrays):  # None (an argument the port takes empty: cache=None) passes as it is
+        return tuple(x if x is None else jnp.asarray(x, jax_dtype) if np.asarray(x).dtype.kind == "f"
+                     else jnp.asarray(x) for x in arrays)
 
     def jax_inputs(channels_last: bool) -> tuple:
         to_jax = spec.to_jax or (default_to_jax if channels_last else lambda *a: tuple(np.asarray(x) for x in a))
-        return on_jax(to_jax(*inputs))
+        try:
+            moved = to_jax(*inputs)
+        except Exception as error:
+            raise SpecError(f"the spec's to_jax failed on example_inputs(): {type(error).__name__}: {error}") from error
+        try:
+            return on_jax(moved)
+        except (TypeError, ValueError) as error:
+            raise SpecError(f"the spec's to_jax gave something that is not an array nor None ({error}): it must return "
+                            "a tuple of arrays, one per argument of the port") from error
 
     if spec.input_gradients:
         floats = [i for i, x in enumerate(inputs) if x.dtype.kind == "f"]
@@ -299,6 +370,9 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
     if dtype == "float64":
         sides["t64-layout"] = (other_layout(_torch_side(spec, torch.float64, state)[0]), None)
         sides["t64-moved"] = (work(torch.float64), None)
+        # PyTorch's float32 error times eps₆₄/eps₃₂: its float64 error where the variants above share its roundings
+        # (a long sum's partial sums round alike however its inputs are ordered or moved by an ulp)
+        sides["t32-scaled"] = (work(torch.float32), None)
     # The update stage is judged from the same gradients: PyTorch's optimizer (float64, and float32 for its
     # own noise) fed JAX's gradients, its state evolving with them as optax's does. Judged from each
     # framework's own gradients instead, Adam's lr-sized steps on near-zero gradients make the
@@ -416,12 +490,16 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
 
     noise = {"layers": {}, "grads": {}, "after": {}, "input_grads": {}, "output": Measured(0.0), "loss": Measured(0.0)}
 
+    def error_of(name, value, reference) -> Measured:  # a float32 run in a float64 check: scaled to float64's roundoff
+        error = relative_error(value, reference)
+        return Measured(error * FLOAT32_TO_64) if name == "t32-scaled" else error
+
     def step_of(name, model, opt):
         sink = None
         if name != "ref":  # each layer's output measured against the reference's as it comes, not kept
             def sink(layer, value):
                 noise["layers"][layer] = max(noise["layers"].get(layer, Measured(0.0)),
-                                             relative_error(value, ref["layers"][layer]))
+                                             error_of(name, value, ref["layers"][layer]))
         seen = _torch_step(run.spec, model, opt, inputs_of(name), run.targets, _torch_dtype(name), run.layer_paths,
                            run.permutations.get(name), layout=name == "t64-layout", sink=sink)
         seen["grads"] = torch_in_flax_layout(model, run.pairings, "grad", release=True)
@@ -444,11 +522,11 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
         model.zero_grad(set_to_none=True)
         for quantity in ("output", "loss"):
             if quantity in seen:
-                noise[quantity] = max(noise[quantity], relative_error(seen[quantity], ref[quantity]))
+                noise[quantity] = max(noise[quantity], error_of(name, seen[quantity], ref[quantity]))
         for quantity in ("grads", "after", "input_grads"):
             for key, value in seen.get(quantity, {}).items():
                 noise[quantity][key] = max(noise[quantity].get(key, Measured(0.0)),
-                                           relative_error(value, ref[quantity][key]))
+                                           error_of(name, value, ref[quantity][key]))
         del seen
     return {"ref": ref, "noise": noise}, params_state
 
@@ -512,6 +590,47 @@ def _update_in_float64(optimizer):
     def update(params, grads, opt_state) -> dict:
         with jax.enable_x64(True):
             return {"params": jax.device_get(step(params, grads, opt_state))}
+
+    return update
+
+
+def opt_states_structure(optimizer, params):
+    """The shapes and types of ``optimizer``'s state for ``params``, without making it."""
+    return jax.eval_shape(optimizer.init, params)
+
+
+@contextlib.contextmanager
+def _bias_corrections_exact():
+    """While in effect, optax's Adam-family bias corrections 1 − βᵗ are computed as PyTorch has them, exactly and then
+    rounded once to the moments' dtype (−expm1(t · log β), log β in Python's float64), not as float32's 1 − β^t."""
+    import math
+
+    import optax
+
+    original = optax.tree.bias_correction
+
+    def exact(moment, decay, count):
+        log_decay = math.log(decay) if isinstance(decay, (int, float)) else jnp.log(decay)
+        correction = -jnp.expm1(jnp.asarray(count, jnp.float32) * log_decay)
+        return jax.tree_util.tree_map(lambda t: t / correction.astype(t.dtype), moment)
+
+    optax.tree.bias_correction = exact
+    try:
+        yield
+    finally:
+        optax.tree.bias_correction = original
+
+
+def _update_with_exact_bias_corrections(optimizer):
+    """``(params, grads, opt_state) -> {"params": ...}``: the port's optimizer step, its bias corrections exact
+    (:func:`_bias_corrections_exact`), in the check's dtype."""
+    import optax
+
+    def update(params, grads, opt_state):
+        with _bias_corrections_exact():
+            state = optimizer.init(params) if opt_state is None else opt_state
+            updates, _ = optimizer.update(grads, state, params)
+            return {"params": jax.device_get(optax.apply_updates(params, updates))}
 
     return update
 
@@ -680,6 +799,31 @@ def _reference_parked(run: _Run):
     return parked if parked.nbytes > PARKED_ABOVE else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def _fast_variance_off():
+    """While in effect, Flax's BatchNorm, LayerNorm and GroupNorm (Linen and NNX) compute the variance as PyTorch does,
+    the mean subtracted first (``use_fast_variance=False``), whatever the port built them with: the counterfactual
+    that verifies the cause before the report names it."""
+    patched = []
+    for name in ("flax.linen.normalization", "flax.nnx.nn.normalization"):
+        module = sys.modules.get(name)
+        if module is None or not hasattr(module, "_compute_stats"):
+            continue
+        original = module._compute_stats
+
+        def exact(*args, _original=original, **kwargs):
+            kwargs["use_fast_variance"] = False
+            return _original(*args, **kwargs)
+
+        module._compute_stats = exact
+        patched.append((module, original))
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module._compute_stats = original
+
+
 def _programs_held(program: str):
     """While ``program`` runs: op by op, at most a bounded number of JAX's per-operation programs held
     (:func:`.memory.op_programs_bounded`); compiled, nothing to bound."""
@@ -714,6 +858,26 @@ def _known_causes(run: _Run, report: Report) -> dict:
                 "(0.9 means PyTorch's 0.1) and keeps the biased batch variance, where PyTorch keeps the unbiased one; "
                 "a port of PyTorch's BatchNorm writes its own (examples/port/resnet_basic.py: TorchBatchNorm)")
     return hints
+
+
+def _verified_causes(run: _Run, report: Report) -> dict:
+    """Per cause switched off (:attr:`_Run.counterfactuals`): the judged rows beyond their allowance whose excess over
+    it goes away without the cause, at least nine tenths of it ("fell"; the rest may have a cause of its own), and those
+    whose excess stays ("stayed"), each ``(stage, name) → (ratio, ratio without)``."""
+    verified = {}
+    for cause, counter in run.counterfactuals.items():
+        label = {"use_fast_variance=False": "use_fast_variance=True",
+                 "exact bias corrections": "optax's float32 bias corrections"}[cause]
+        fell, stayed = {}, {}
+        for row in report.rows:
+            key = (row.stage.split(": ")[-1], row.name)
+            if row.passed or row.not_compared or key not in counter:
+                continue
+            after = counter[key]  # the excess over the allowance gone, or nine tenths of it
+            gone = max(after.port_error - after.allowed, 0.0) <= 0.1 * (row.port_error - row.allowed)
+            (fell if gone else stayed)[key] = (row.ratio, after.ratio)
+        verified[label] = {"fell": fell, "stayed": stayed}
+    return verified
 
 
 def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
@@ -757,6 +921,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         # the same step without the optimizer, whose float64 parameters and state it would otherwise hold.
         twin_step = _jax_step_function(run.adapter, spec, None)
         twin_function = jax.jit(twin_step) if noise_program(programs) == "jit" else twin_step
+        variant_program = "jit" if "jit" in programs else "eager"
+        variant_function = jax.jit(twin_step) if variant_program == "jit" else twin_step
         order = sorted(programs, key=lambda p: p != "eager")  # op by op first: a bad dtype shows there
         # JAX's own float32 error, |JAX₃₂ − JAX₆₄| of one program, and whether that program's mathematics is right
         # (|JAX₆₄ − PyTorch₆₄|); float64 needs neither.
@@ -798,6 +964,10 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 if seen["ref"]["grads"] is None:
                     seen["ref"]["grads"] = _recomputed_gradients(run)
 
+            # float64: the port's own rounding error, from its program (compiled where it runs) in float32, held while
+            # each program's rows are compared
+            variant = None
+            variant_start = own_state[programs[0]]  # the judged program's state as this step starts
             # One program at a time, compared and let go: the twin's program first, then its float64 twin (JAX's own
             # float32 error, kept as numbers), then the others.
             measures: dict = {}
@@ -829,6 +999,13 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 del start, state
                 _let_go_of_programs(program)
                 phases.mark(f"step {step}: the port, {program}")
+                if dtype == "float64" and program == order[0]:  # after the first program: its faults named first
+                    variant_from = _start_of_step(run, width, variant_start, params_state)  # before PyTorch's is parked
+                    with _programs_held(variant_program), _reference_parked(run):
+                        variant = _port_variant(run, variant_function, variant_from)
+                    del variant_from
+                    _let_go_of_programs(variant_program)
+                    phases.mark(f"step {step}: the port in float32, for its own float64 error")
                 if program == twin_program:
                     with jax.enable_x64(True), _programs_held(program):
                         twin = _float64_twin(run, twin_function,
@@ -851,7 +1028,29 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 # gradients are let go (a model of 124M parameters: 1 GB in float64) before its optimizers are fed.
                 prefix = f"step {step}: " if steps > 1 else ""
                 reference_gradients()
-                rows[program] += _rows(run, prefix, seen, outcome, None, measures, None, BEFORE_UPDATE)
+                variation = _port_variation(run, seen, outcome, variant)
+                computed = _rows(run, prefix, seen, outcome, None, measures, None, BEFORE_UPDATE, variation)
+                rows[program] += computed
+                if last and program == programs[0] and run.adapter.fast_variance \
+                        and any(not r.passed and not r.not_compared for r in computed):
+                    # a cause is named only where the excess goes away without it: the same step, Flax's
+                    # normalisations subtracting the mean first
+                    counter_start = _start_of_step(run, width, own_before, params_state)
+                    with _fast_variance_off(), _programs_held(program), _reference_parked(run):
+                        counter_step = _jax_step_function(run.adapter, spec, None)
+                        counter_step = jax.jit(counter_step) if program == "jit" else counter_step
+                        counter = _collected(run, lambda: counter_step(counter_start, run.jax_inputs, run.jax_targets,
+                                                                       None))
+                    del counter_start
+                    run.counterfactuals["use_fast_variance=False"] = {
+                        (r.stage.split(": ")[-1], r.name): r for r in
+                        _rows(run, prefix, seen, counter, None, {}, None, BEFORE_UPDATE, variation)}
+                    del counter
+                    _let_go_of_programs(program)
+                    phases.mark(f"step {step}: the port with use_fast_variance=False (a cause verified)")
+                del variation
+                if program == order[-1]:
+                    variant = None
                 if recompute:
                     seen["ref"]["grads"] = None
                 if last and program == order[-1]:
@@ -862,12 +1061,25 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     if update_in_float64 is not None:  # the update stage's own float32 error, from the same gradients
                         params = _start_of_step(run, width, own_before, params_state)["params"]
                         update64 = update_in_float64(params, outcome["grads"], opt_before.get(program))
+                        if last and program == programs[0] and _uses_adam(opt_states_structure(optimizer, params)):
+                            # the counterfactual of optax's float32 bias corrections: the same update with 1 − βᵗ as
+                            # PyTorch has it (rounded once to float32), judged after the update rows are
+                            counter_update = _update_with_exact_bias_corrections(optimizer)(
+                                params, outcome["grads"], opt_before.get(program))
                         del params
                         phases.mark(f"step {step}: {program}'s update in float64")
                     in_place = last and program == order[-1] and run.shadows[program].get("ref") is None
                     fed = _fed_updates(run, program, params_state, outcome["grads"], last=last, in_place=in_place)
                     phases.mark(f"step {step}: PyTorch's optimizers fed {program}'s gradients")
-                rows[program] += _rows(run, prefix, seen, outcome, fed, measures, update64, FROM_UPDATE)
+                counter_update = locals().get("counter_update")
+                updated = _rows(run, prefix, seen, outcome, fed, measures, update64, FROM_UPDATE)
+                rows[program] += updated
+                if counter_update is not None:
+                    if any(not r.passed for r in updated if r.stage.endswith("update")):
+                        run.counterfactuals["exact bias corrections"] = {
+                            (r.stage.split(": ")[-1], r.name): r for r in
+                            _rows(run, prefix, seen, counter_update, fed, {}, None, ("update",))}
+                    counter_update = None
                 del outcome, fed, update64
                 if last:  # this program's update-stage optimizers are done, and their working models with them (the
                     # next program's builds its own: a gigabyte for 124M parameters, not held in between)
@@ -884,10 +1096,12 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
     report.train = spec.train
     report.tied = run.tied
     report.memory = phases
-    if dtype == "float64" and run.adapter.fast_variance:  # E[x²] − E[x]² cancels in float64 too, 2²⁹ times less
+    verified = _verified_causes(run, report)
+    if dtype == "float64":  # E[x²] − E[x]² cancels in float64 too, 2²⁹ times less: where switching it off verified it
         for row in report.rows + report.other_rows:
-            row.explained_by = "use_fast_variance=True"
-    if report.precision_findings:
+            if (row.stage.split(": ")[-1], row.name) in verified.get("use_fast_variance=True", {}).get("fell", {}):
+                row.explained_by = "use_fast_variance=True"
+    if report.precision_findings or report.precision_notes:
         jaxpr = None
         if jax.default_backend() != "cpu":  # the port's own precision settings matter on accelerators only
             with contextlib.suppress(Exception), jax.default_matmul_precision("highest"):
@@ -895,6 +1109,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 jaxpr = jax.make_jaxpr(step_fn)(start, run.jax_inputs, run.jax_targets,
                                                 opt_before.get(programs[0])).jaxpr
         structure = jax.eval_shape(optimizer.init, run.adapter.variables["params"]) if optimizer is not None else None
-        report.causes = likely_causes(report.precision_findings, run.adapter.fast_variance, structure,
-                                      seen["ref"]["layers"], run.adapter.channels_last, jaxpr, dtype)
+        report.causes = likely_causes(report.precision_findings or report.precision_notes, run.adapter.fast_variance,
+                                      structure, seen["ref"]["layers"], run.adapter.channels_last, jaxpr, dtype,
+                                      verified=verified)
     return report

@@ -25,7 +25,8 @@ def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state:
         # from its previous step): the capture call and the training call both start from that state, and the
         # training call's state is the one carried to the next step.
         output, stats, layers, carry = adapter.apply(variables, inputs, True)
-        seen = {"output": select_output(output, spec.output, "the port"), "layers": layers, "batch_stats": stats,
+        seen = {"output": select_output(output, spec.output, "the port", spec.from_jax), "layers": layers,
+                "batch_stats": stats,
                 "carry": carry}
         if spec.jax_loss is None:
             return seen
@@ -37,7 +38,7 @@ def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state:
         def loss_fn(params, differentiated):
             given = tuple(differentiated.get(i, x) for i, x in enumerate(inputs))
             out, stats, _, carry = adapter.apply({**variables, "params": params}, given, False)
-            out = select_output(out, spec.output, "the port")
+            out = select_output(out, spec.output, "the port", spec.from_jax)
             return call_loss(spec.jax_loss, "jax_loss", out, given, targets).reshape(()), (stats, carry)
 
         if spec.input_gradients:

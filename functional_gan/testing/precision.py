@@ -96,9 +96,27 @@ def low_precision_products(jaxpr) -> int:
     return count
 
 
+def _verification(verified: dict | None, findings: list[Row]) -> str | None:
+    """What switching Flax's fast variance off did to ``findings``: None where it was not tried, "" where no finding
+    fell within its allowance, else the sentence that says how far they fell."""
+    tried = (verified or {}).get("use_fast_variance=True")
+    if tried is None:
+        return None
+    keys = {(row.stage.split(": ")[-1], row.name) for row in findings}
+    fell = {key: ratios for key, ratios in tried["fell"].items() if key in keys}
+    if not fell:
+        return ""
+    worst = max(fell.items(), key=lambda item: item[1][0] or 0.0)
+    (stage, name), (before, after) = worst
+    return (f"verified: rerun with use_fast_variance=False, {len(fell)} of the {len(keys)} quantities lose at least nine "
+            f"tenths of their excess over the allowance ({stage}, {name}: {before:.1f}× → {after:.2f}×)")
+
+
 def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, layers: dict[str, np.ndarray],
-                  channels_last: bool, step_jaxpr=None, dtype: str = "float32") -> list[str]:
-    """The causes that fit ``findings``, each in one sentence with what was read or measured."""
+                  channels_last: bool, step_jaxpr=None, dtype: str = "float32", verified: dict | None = None) -> list[str]:
+    """The causes that fit ``findings``, each in one sentence with what was read or measured. Flax's fast variance is
+    named only where switching it off (``verified``, check-port's counterfactual run) brings findings within their
+    allowance; where it was tried and brought none, the report says it is not the cause."""
     if not findings:
         return []
     causes = []
@@ -106,17 +124,33 @@ def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, laye
     # forward pass first, and in the gradients and running statistics that inherit it.
     stages = {row.stage.split(": ")[-1] for row in findings}
     computed = bool(stages - {"update"})
-    if fast_variance and computed:
+    verification = _verification(verified, findings) if fast_variance and computed else None
+    if fast_variance and computed and verification != "":
         more = f" and {len(fast_variance) - 1} more" if len(fast_variance) > 1 else ""
         causes.append(
             f"Flax's normalisation at {fast_variance[0]}{more} computes the variance as E[x²] − E[x]² "
             "(use_fast_variance=True, Flax's default), which cancels where the mean is large against the spread; PyTorch "
-            "subtracts the mean first. Build the port's BatchNorm/LayerNorm/GroupNorm with use_fast_variance=False.")
-    if dtype == "float32" and "update" in stages and _uses_adam(opt_state):
+            "subtracts the mean first" + (f"; {verification}" if verification else "") +
+            ". Build the port's BatchNorm/LayerNorm/GroupNorm with use_fast_variance=False.")
+    elif fast_variance and computed:
+        causes.append(f"not Flax's fast variance (use_fast_variance=True at {fast_variance[0]}): rerun with "
+                      "use_fast_variance=False, no quantity loses nine tenths of its excess over the allowance.")
+    bias = (verified or {}).get("optax's float32 bias corrections")
+    update_rows = {(row.stage.split(": ")[-1], row.name) for row in findings if row.stage.endswith("update")}
+    fell = {key: ratios for key, ratios in (bias or {}).get("fell", {}).items() if key in update_rows}
+    if dtype == "float32" and "update" in stages and _uses_adam(opt_state) and (bias is None or fell):
+        worst = max(fell.items(), key=lambda item: item[1][0] or 0.0) if fell else None
+        check = (f"; verified: rerun with 1 − βᵗ exact, {len(fell)} of the {len(update_rows)} update rows lose at least "
+                 f"nine tenths of their excess ({worst[0][0]}, {worst[0][1]}: {worst[1][0]:.1f}× → {worst[1][1]:.2f}×)"
+                 if worst else "")
         causes.append(
             "optax computes Adam's bias corrections 1 − βᵗ in float32 (β₂ = 0.999 is 0.99900001 there, and 1 − β₂ loses "
-            "1.3e-5 of its value), PyTorch in Python's float64: every float32 update differs by about 6e-6 of its size. "
-            "An optimizer that computes 1 − βᵗ as −expm1(t·log β) has no such rows (examples/port/nanogpt_block.py).")
+            "1.3e-5 of its value), PyTorch in Python's float64: every float32 update differs by about 6e-6 of its size"
+            f"{check}. An optimizer that computes 1 − βᵗ as −expm1(t·log β) has no such rows "
+            "(examples/port/nanogpt_block.py).")
+    elif dtype == "float32" and "update" in stages and _uses_adam(opt_state):
+        causes.append("not optax's float32 bias corrections: rerun with 1 − βᵗ exact, no update row loses nine tenths "
+                      "of its excess over the allowance.")
     if dtype == "float32" and computed and jax.default_backend() == "cpu":
         measured = xla_reduction_ratio(layers, channels_last)
         if measured is not None and measured[0] > 1.5:
@@ -134,7 +168,7 @@ def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, laye
             causes.append(f"{low} matrix products or convolutions of the port run below full float32 on "
                           f"{jax.default_backend()} (a precision= or a bfloat16/float16 dtype set in the port; check-port "
                           "asks for 'highest' where the port sets nothing).")
-    if not causes:
+    if not causes or all(c.startswith("not ") for c in causes):
         causes.append("no known cause fits: the port's float32 arithmetic differs from PyTorch's from the first row named "
                       "(an algorithm of its own: a sum in another order, a cancellation, a reciprocal where PyTorch divides).")
     return causes

@@ -1,8 +1,9 @@
 """The report of a check: its rows, its verdict, and the text, Markdown and JSON forms.
 
-Three outcomes, each with its exit status: agreement (0); a divergence (1: a quantity out of tolerance whose
-float64 twin does not explain it, or a shape that differs); precision findings and no divergence (3: quantities
-beyond k × PyTorch's own float32 error while the same JAX program in float64 agrees with PyTorch; 0 with
+Three outcomes, each with its exit status, by the verdict rule of :mod:`functional_gan.comparisons.judge`
+(``VERDICT_RULE``, the report's footer): agreement (0; notes and rows not compared included); a divergence (1: a
+quantity out of tolerance whose mathematics differs, or an output whose shape differs); precision findings and no
+divergence (3: beyond the allowance, the mathematics right, more than √eps of the scale; 0 with
 ``--allow-precision``). The text starts with its summary (per stage the count and the worst ratio to PyTorch's own
 error, every divergence and precision finding), then the weight transfer and the table.
 """
@@ -15,7 +16,7 @@ from typing import Any
 import jax
 
 from functional_gan import xla_guard
-from functional_gan.comparisons.judge import FLOAT64_TOLERANCE, ULPS, ULPS64, Row
+from functional_gan.comparisons.judge import FLOAT64_TOLERANCE, SIGNIFICANT, ULPS, ULPS64, VERDICT_RULE, Row
 
 from .pairing import Pairing
 
@@ -63,15 +64,26 @@ class Report:
 
     @property
     def precision_findings(self) -> list[Row]:
-        """The judged program's rows beyond k × PyTorch's own float32 error whose float64 twin agrees with PyTorch."""
-        return [r for r in self.rows if r.precision]
+        """The judged program's precision findings that fail the check: beyond the allowance, the mathematics right,
+        and more than √eps of the scale (:attr:`Row.finding`)."""
+        return [r for r in self.rows if r.finding]
+
+    @property
+    def precision_notes(self) -> list[Row]:
+        """The judged program's precision differences within √eps of the scale: reported, never a failure."""
+        return [r for r in self.rows if r.note]
+
+    @property
+    def not_compared(self) -> list[Row]:
+        """Layer outputs the checker could not lay out as PyTorch's: listed, never a divergence."""
+        return [r for r in self.rows if r.not_compared]
 
     @property
     def precision_start(self) -> Row | None:
         """Where the imprecision starts: the first forward (or output) finding, before the gradients inheriting it."""
         from .precision import start_of
 
-        return start_of(self.precision_findings)
+        return start_of(self.precision_findings or self.precision_notes)
 
     @property
     def passed(self) -> bool:
@@ -103,7 +115,7 @@ class Report:
     def _precision_text(self) -> str:
         findings = self.precision_findings
         if not findings:
-            return ""
+            return self._notes_text()
         ratios = [r.ratio for r in findings if r.ratio is not None] or [float("nan")]
         start = self.precision_start
         count = f"{len(findings)} quantit{'y is' if len(findings) == 1 else 'ies are'}"
@@ -115,6 +127,20 @@ class Report:
                 f"(allowed {self.k:g}×) {why}. It starts at {start.stage}, {start.name} ({start.ratio:.1f}×).")
         for cause in self.causes:
             text += f"\nLikely cause: {cause}"
+        return text + ("\n" + self._notes_text() if self._notes_text() else "")
+
+    def _notes_text(self) -> str:
+        notes = self.precision_notes
+        if not notes:
+            return ""
+        worst = max(notes, key=lambda r: r.port_error)
+        text = (f"Note: {len(notes)} quantit{'y is' if len(notes) == 1 else 'ies are'} beyond k × PyTorch's own "
+                f"{self.dtype} error by the port's own rounding (the mathematics right), each within √eps "
+                f"({SIGNIFICANT[self.dtype]:.2g}) of its scale, the largest {worst.port_error:.2g} ({worst.stage}, "
+                f"{worst.name}): a difference that changes no training run; not a failure.")
+        if not self.precision_findings:
+            for cause in self.causes:
+                text += f"\nLikely cause: {cause}"
         return text
 
     def verdict(self) -> str:
@@ -122,12 +148,21 @@ class Report:
         first = self.first_divergence
         precision = self._precision_text()
         if first is None:
-            if precision:
+            if self.precision_findings:
                 status = ("exit status 0 (precision findings allowed)" if self.allow_precision else
                           "exit status 3; 0 with --allow-precision, or assert_port(..., allow_precision=True)")
                 return (precision + f"\nNo divergence: every other quantity within tolerance ({_program_words(self.programs)}); "
                         f"{status}.")
-            return f"Agreement: all {len(self.rows)} quantities within tolerance ({_program_words(self.programs)})."
+            skipped = len(self.not_compared)
+            compared = len(self.rows) - skipped - len(self.precision_notes)
+            text = (f"Agreement: {'all ' if compared == len(self.rows) else ''}{compared} quantities within tolerance "
+                    f"({_program_words(self.programs)})")
+            if self.precision_notes:
+                text += f", {len(self.precision_notes)} within √eps (notes)"
+            if skipped:
+                text += (f"; {skipped} layer output{'s' if skipped > 1 else ''} not compared (a layout the checker "
+                         "could not map), every row after {'them' if skipped > 1 else 'it'} compared")
+            return text + "." + ("\n" + precision if precision else "")
         if first.shapes is not None:
             port_shape, torch_shape = first.shapes
             text = (f"First divergence: {first.stage}, {first.name}: the shapes differ: the port gives {port_shape}, "
@@ -177,12 +212,12 @@ class Report:
         lines = [f"Summary: {outcome} (exit status {status}); {len(self.rows)} quantities, {self.dtype}, "
                  f"k = {self.k:g}", f"  {'stage':<9} {'rows':>5}  {'worst':>9}  at"]
         for stage in STAGES:
-            rows = [r for r in self.rows if r.stage.split(": ")[-1] == stage]
+            rows = [r for r in self.rows if r.stage.split(": ")[-1] == stage and not r.not_compared]
             if not rows:
                 continue
             worst = max(rows, key=_badness)
             lines.append(f"  {stage:<9} {len(rows):>5}  {_measure(worst):>9}  {worst.stage}, {worst.name}"
-                         f"{'' if worst.passed else (' ≈ precision' if worst.precision else ' ✗')}")
+                         f"{'' if worst.passed else (' ≈ precision' if worst.finding else ' ~ note' if worst.note else ' ✗')}")
         lines.append(f"  (worst, \"×\": the port's error ÷ max(PyTorch's own error in this dtype, {ULPS if self.dtype == 'float32' else ULPS64} "
                      f"ulps of the scale); allowed: {self.k:g}×. \"of\": ÷ the allowance, where PyTorch's own was not measured)")
         judged = {(r.stage, r.name) for r in self.rows if r.diverged}
@@ -190,7 +225,10 @@ class Report:
         diverged = [(r, "") for r in self.rows if r.diverged]
         diverged += [(r, f" ({_program_words((other,))} only)") for r in self.other_rows
                      if r.diverged and (r.stage, r.name) not in judged]
-        for title, found in (("Divergences", diverged), ("Precision findings", [(r, "") for r in self.precision_findings])):
+        for title, found in (("Divergences", diverged), ("Precision findings", [(r, "") for r in self.precision_findings]),
+                             ("Notes (within √eps of the scale)", [(r, "") for r in self.precision_notes]),
+                             ("Not compared (the port's layout of a layer's output not mapped)",
+                              [(r, "") for r in self.not_compared])):
             if found:
                 lines.append(f"{title} ({len(found)}):")
                 lines += [f"  {r.stage}, {r.name}: {_measure(r)}{where}" for r, where in found[:LISTED]]
@@ -200,7 +238,8 @@ class Report:
 
     def to_json(self) -> dict:
         def rows(which):
-            return [{**dataclasses.asdict(r), "passed": r.passed, "precision": r.precision, "diverged": r.diverged,
+            return [{**dataclasses.asdict(r), "passed": r.passed, "precision": r.precision, "finding": r.finding,
+                     "note": r.note, "not_compared": r.not_compared, "diverged": r.diverged,
                      "ratio_to_pytorch_noise": r.ratio} for r in which]
 
         start = self.precision_start
@@ -213,7 +252,9 @@ class Report:
                 "transfer": [dataclasses.asdict(p) for p in self.pairings], "rows": rows(self.rows),
                 "other_program_rows": rows(self.other_rows),
                 "first_divergence": None if self.first_divergence is None else dataclasses.asdict(self.first_divergence),
-                "precision": {"findings": len(self.precision_findings), "causes": self.causes,
+                "not_compared": [{"stage": r.stage, "name": r.name, "shapes": r.shapes} for r in self.not_compared],
+                "precision": {"findings": len(self.precision_findings), "notes": len(self.precision_notes),
+                              "causes": self.causes,
                               "starts_at": None if start is None else {"stage": start.stage, "name": start.name,
                                                                        "ratio": start.ratio}}}
 
@@ -258,10 +299,11 @@ class Report:
         near_zero = False
         for r in self.rows:
             noise = f"{r.noise:.2e}" if r.noise is not None else "—"
-            jax_noise = f"{r.jax_noise:.2e}" if r.jax_noise is not None else "—"
+            own = r.jax_noise if r.jax_noise is not None else r.port_noise
+            jax_noise = f"{own:.2e}" if own is not None else "—"
             ratio = _ratio(r.ratio) if r.ratio is not None else "—"
             error = "shape" if r.shapes is not None else f"{r.port_error:.2e}"
-            mark = "✓" if r.passed else ("≈" if r.precision else "✗")
+            mark = "✓" if r.passed else ("≈" if r.finding else "~" if r.note else "–" if r.not_compared else "✗")
             if r.passed and r.noise is not None and r.noise > NEAR_ZERO:
                 mark = "✓°"
                 near_zero = True
@@ -272,7 +314,7 @@ class Report:
                          "dominates its values (a quantity mathematically zero or nearly, a bias before a BatchNorm, say; "
                          "or one whose computation amplifies rounding, as gradients through BatchNorms over a few values "
                          "each do), and the port's rounding is compared with PyTorch's.")
-        lines += ["", self.verdict()]
+        lines += ["", self.verdict(), "", f"Verdicts: {VERDICT_RULE}"]
         text = "\n".join(lines)
         return f"```text\n{text}\n```\n" if markdown else text
 

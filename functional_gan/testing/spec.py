@@ -74,13 +74,22 @@ def _fields_of(value) -> list[str]:
     return [k for k in vars(value) if not k.startswith("_")] if hasattr(value, "__dict__") else []
 
 
-def select_output(output, field: str | int | None, side: str):
+def select_output(output, field: str | int | None, side: str, from_jax=None):
     """The model's output as compared: ``output`` itself when ``field`` is None, else its field ``field`` (a key of a
     dict, an attribute of an object such as Hugging Face's ``ModelOutput`` or a dataclass, or an index of a tuple).
     An output that is not an array (nor a number) without ``OUTPUT`` is a :class:`SpecError` naming its fields. An array
-    is the output as it is, ``OUTPUT`` or not (one side may return ``(logits, loss)`` and the other the logits)."""
+    is the output as it is, ``OUTPUT`` or not (one side may return ``(logits, loss)`` and the other the logits).
+    ``from_jax`` (the port's side, without ``OUTPUT``): the spec's ``from_jax`` applied first where the output is not an
+    array, as the spec's author meant it (``lambda out: out.logits``)."""
     if hasattr(output, "shape") and hasattr(output, "dtype"):
         return output
+    if field is None and from_jax is not None:
+        try:
+            picked = from_jax(output)
+        except Exception:  # a from_jax written for arrays (NumPy's transposes): OUTPUT is then what is missing
+            picked = None
+        if hasattr(picked, "shape") and hasattr(picked, "dtype"):
+            return picked
     if field is not None:
         try:
             if isinstance(field, int) and not isinstance(field, bool):

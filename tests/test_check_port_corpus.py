@@ -1,0 +1,150 @@
+"""check-port on a corpus of correct ports nobody here wrote the checker for (tests/corpus/): each must agree (exit 0)
+in float32 and float64, and a mistake planted in it must still be named at its layer, in both dtypes.
+
+The corpus: a hand-written NNX port of pytorch/examples' MNIST Net (its float64 rows sat at 3.1–3.5× PyTorch's own
+float64 error before the port's own error counted), a Linen GroupNorm net trained with optax.adam (optax's float32 bias
+corrections: notes, not a failure), a forward-only port whose inner layer is laid out transposed (mapped, not a
+divergence), and Hugging Face's own Flax GPT-2 against its PyTorch GPT-2 (slow: transformers 4.57.6)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from functional_gan import testing as port
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+
+def _spec(name: str, **settings):
+    spec = importlib.util.spec_from_file_location(f"corpus_{name}", CORPUS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for key, value in settings.items():
+        setattr(module, key, value)
+    return port.spec_from_module(module)
+
+
+def _agrees(report):
+    assert report.exit_status() == 0 and report.first_divergence is None and not report.precision_findings, \
+        report.format()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name,steps", [("mnist_nnx_handwritten", 2), ("linen_adam_groupnorm", 2), ("transposed_proj", 1)])
+def test_a_correct_port_agrees_in_either_dtype(name, steps, dtype):
+    report = port.check_port(_spec(name), dtype, steps=steps)
+    _agrees(report)
+    if name == "transposed_proj":  # mapped by its axes, and compared
+        assert not report.not_compared and any("compared with the port's axes in the order (1, 0)" in n
+                                               for n in report.notes), report.format()
+    if name == "linen_adam_groupnorm" and dtype == "float32":  # optax's bias corrections: notes with a verified cause
+        assert report.precision_notes and all(r.stage.endswith("update") for r in report.precision_notes)
+        assert any("verified: rerun with 1 − βᵗ exact" in c for c in report.causes), report.causes
+
+
+@pytest.mark.parametrize("dtype,scaled", [("float32", 1e-3), ("float64", 1e-6)])
+def test_a_scaled_activation_in_the_mnist_port_is_named_at_the_next_layer(dtype, scaled):
+    """fc1's output scaled by 1 + ε after the layer (its recorded output unchanged): named at fc2, in float64 at
+    ε = 1e-6 (a thousand times below the float32 check's reach here)."""
+    report = port.check_port(_spec("mnist_nnx_handwritten", FC1_SCALED=scaled), dtype, programs=("jit",))
+    first = report.first_divergence
+    assert first is not None and (first.stage, first.name) == ("forward", "fc2"), report.format()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_changed_eps_in_the_groupnorm_port_is_named_at_it(dtype):
+    report = port.check_port(_spec("linen_adam_groupnorm", EPSILON=1e-3), dtype, programs=("jit",))
+    first = report.first_divergence
+    assert first is not None and (first.stage, first.name) == ("forward", "norm1"), report.format()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_mistake_in_the_transposed_layer_is_named_at_it(dtype):
+    report = port.check_port(_spec("transposed_proj", MISTAKE="proj-without-bias"), dtype, programs=("jit",))
+    first = report.first_divergence
+    assert first is not None and (first.stage, first.name) == ("forward", "proj"), report.format()
+
+
+def test_a_layer_whose_layout_cannot_be_mapped_is_not_compared_and_not_a_divergence():
+    spec = _spec("transposed_proj")
+    apply = spec.jax_apply
+
+    def flattened(params, x):  # the port's proj output flattened: no order of axes gives PyTorch's (N, 3)
+        out = apply(params, x)
+        return out
+
+    import jax.numpy as jnp
+
+    from functional_gan.testing import tap
+
+    def jax_apply(params, x):
+        h = params["proj"]["weight"] @ x.T + params["proj"]["bias"][:, None]
+        tap("proj", h.reshape(-1))
+        return tap("head", jnp.tanh(h).T @ params["head"]["weight"].T + params["head"]["bias"])
+
+    spec.jax_apply = jax_apply
+    report = port.check_port(spec, "float32", programs=("jit",))
+    assert report.exit_status() == 0 and [r.name for r in report.not_compared] == ["proj"], report.format()
+    text = report.format()
+    assert "Not compared" in text and "1 layer output not compared" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_hugging_faces_flax_gpt2_agrees_with_its_pytorch_gpt2(dtype, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_GPT2_SIZE", "wide")
+    report = port.check_port(_spec("hf_gpt2"), dtype)
+    _agrees(report)
+
+
+_CRASHING = '''
+import numpy as np, torch, jax.numpy as jnp
+CALLS = []
+def torch_model(): return torch.nn.Linear(3, 2)
+def example_inputs(): return (np.ones((4, 3), np.float32),)
+def example_targets(): return (np.ones((4, 2), np.float32),)
+def torch_loss(out, x, t): return ((out - t) ** 2).mean()
+def jax_loss(out, x, cache, t): return ((out - t) ** 2).mean()
+def jax_params(): return {"weight": jnp.zeros((2, 3)), "bias": jnp.zeros(2)}
+def jax_apply(p, x, cache):
+    CALLS.append(1)
+    if len(CALLS) > 6:  # past the first steps: an exception in the port's code at a later step
+        raise RuntimeError("the port broke")
+    return x @ p["weight"].T + p["bias"]
+def to_jax(x): return (x, None)  # the port takes an empty cache
+'''
+
+
+def test_an_exception_in_the_spec_exits_2_naming_its_function_never_1(tmp_path, capsys):
+    from functional_gan.main import main
+
+    spec = tmp_path / "crashing_spec.py"
+    spec.write_text(_CRASHING)
+    assert main(["check-port", str(spec), "--steps", "6", "--program", "eager"]) == 2
+    err = capsys.readouterr().err
+    assert "the spec's jax_apply() (crashing_spec.py:" in err and "RuntimeError: the port broke" in err, err
+    assert len(err.strip().splitlines()) == 1  # one line, no traceback
+
+
+def test_from_jax_is_applied_to_an_output_object_before_it_is_compared():
+    """A port returning an object and a spec whose from_jax picks its field (no OUTPUT): compared at that field."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    spec = _spec("transposed_proj")
+    apply = spec.jax_apply
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Out:
+        logits: jax.Array
+
+    spec.jax_apply = lambda params, x: Out(apply(params, x))
+    spec.from_jax = lambda out: out.logits
+    report = port.check_port(spec, "float32", programs=("jit",))
+    _agrees(report)
+    assert any(r.stage == "output" for r in report.rows)
