@@ -86,8 +86,9 @@ def test_the_pytorch_side_builds_one_model_per_role_not_one_per_run(dtype):
     report = testing.check_port(_attention_spec(torch_model=counted), dtype, steps=2)
     assert report.exit_status() == 0, report.format()
     # (float32's float64 working model serves the update stage only, built at the first update; over 2 steps both
-    # programs' optimizers keep it from step 1 on)
-    assert len(built) == 1 + 3
+    # programs' optimizers keep it from step 1 on; float64 has a float32 working model too, whose error × 2⁻²⁹ is
+    # part of PyTorch's own float64 error)
+    assert len(built) == 1 + (3 if dtype == "float32" else 4)
 
 
 @pytest.mark.parametrize("make", [lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),

@@ -60,7 +60,13 @@ class Report:
 
     @property
     def first_divergence(self) -> Row | None:
-        return next((r for r in self.rows if r.diverged), None) or next((r for r in self.other_rows if r.diverged), None)
+        """The first row that diverges; where a layer's output not compared (its shape not mapped) comes before it,
+        that row: a shape no layout explains is where a divergence downstream starts (a pooling with other padding)."""
+        for rows in (self.rows, self.other_rows):
+            for index, row in enumerate(rows):
+                if row.diverged:
+                    return next((r for r in rows[:index] if r.not_compared), row)
+        return None
 
     @property
     def precision_findings(self) -> list[Row]:
