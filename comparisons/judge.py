@@ -53,8 +53,9 @@ SIGNIFICANT = {dtype: math.sqrt(eps) for dtype, eps in EPS.items()}
 
 VERDICT_RULE = (
     "agreement: within k × the larger of PyTorch's own error and (float64) the port's own (each framework's float32 "
-    "error × 2⁻²⁹ beside PyTorch64's variants), at least the ulp floor; divergence (exit 1): beyond it and the mathematics differs (float32: the same JAX program in float64 does "
-    "not agree with PyTorch64; float64: no verified cause explains it); precision finding (exit 3): beyond it, the "
+    "error × 2⁻²⁹ beside PyTorch64's variants), at least the ulp floor; divergence (exit 1): beyond it and the "
+    "mathematics differs (float32: the same JAX program in float64 does not agree with PyTorch64; float64: no "
+    "verified cause explains it); precision finding (exit 3): beyond it, the "
     "mathematics right (float32: the float64 twin agrees; float64: a cause verified by rerunning without it) and more "
     "than √eps of the scale (3.5e-4 in float32, 1.5e-8 in float64); note (~): the same within √eps, rounding that "
     "changes no training run (exit 0); not compared: a layer's output the checker could not lay out as PyTorch's.")
@@ -118,7 +119,12 @@ class Row:
     # float64: a cause of imprecision in the port (Flax's fast variance) verified for this row: rerun without it, the
     # row is within its allowance; set by check-port
     explained_by: str | None = None
-    port_noise: float | None = None  # float64: the port's own variation (its program, moved or widened) / scale
+    port_noise: float | None = None  # float64: the port's own error (its program's float32 error × 2⁻²⁹) / scale
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(stage, name) without the "step N: " of a check over several steps: the same quantity at every step."""
+        return self.stage.split(": ")[-1], self.name
 
     @property
     def passed(self) -> bool:
@@ -129,7 +135,7 @@ class Row:
     def not_compared(self) -> bool:
         """A layer's output whose shape the checker could not lay out as PyTorch's: no number to compare, never a
         divergence (the port lays out its intermediates as it likes; the next rows say whether it agrees)."""
-        return self.shapes is not None and self.stage.split(": ")[-1] == "forward"
+        return self.shapes is not None and self.key[0] == "forward"
 
     @property
     def precision(self) -> bool:
@@ -200,9 +206,9 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     reference differs, as an update fed other gradients does) says whether its mathematics is right. They never
     widen the allowance; they tell a precision finding from a divergence (:attr:`Row.precision`).
 
-    ``port_noisy`` (float64, with ``float64_noise``): the port's own results in other legitimate forms (its program
-    with inputs and weights moved by one ulp, its lower-precision islands widened), or their :class:`Measured` errors
-    against the port's result: the allowance is k × the larger of PyTorch's own error and the port's, the port's
+    ``port_noisy`` (float64, with ``float64_noise``): the port's own error, as :class:`TwinMeasured` differences (its
+    program's float32 error × 2⁻²⁹) or :class:`Measured` errors, or other results of the port compared with its own:
+    the allowance is k × the larger of PyTorch's own error and the port's, the port's
     counted up to √eps of the scale (beyond it, a variation is the port's behaviour, not rounding).
     """
     port = np.asarray(port, np.float64)

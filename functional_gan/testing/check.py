@@ -186,17 +186,23 @@ def input_name(index: int, floats: int) -> str:
     return "(input)" if floats == 1 else f"(input {index})"
 
 
-def _twin_measures(run: _Run, seen: dict, jax_seen: dict, twin: dict) -> dict:
-    """JAX's own float32 error, quantity by quantity up to the gradients, from one program's float32 outcome
-    (``jax_seen``) and its float64 twin, taken once and kept as numbers (each program's rows use them):
-    ``|JAX₃₂ − JAX₆₄|``, and the twin's error against PyTorch64."""
-    measures = {}
-    for stage, name, pick, reference, _, _ in _quantities(run, seen, jax_seen, None):
-        a, b = pick(jax_seen), pick(twin)
+def _paired(run: _Run, seen: dict, jax_seen: dict, other: dict, stages=BEFORE_UPDATE + FROM_UPDATE):
+    """Each quantity of the ``stages`` asked for but the updates, as (stage, name, this outcome's value, ``other``'s,
+    PyTorch64's) where the three have one shape: one program's outcome beside another run of the same port."""
+    for stage, name, pick, reference, _, _ in _quantities(run, seen, jax_seen, None, stages):
+        if stage == "forward" and run.layer_paths[name if name != "(model)" else ""] not in other["layers"]:
+            continue
+        a, b = pick(jax_seen), pick(other)
         if np.shape(a) == np.shape(b) == np.shape(reference):
-            measures[stage, name] = (TwinMeasured(relative_error(a, b, scale=1.0), np.shape(a)),
-                                     relative_error(b, reference))
-    return measures
+            yield stage, name, a, b, reference
+
+
+def _twin_measures(run: _Run, seen: dict, jax_seen: dict, twin: dict) -> dict:
+    """JAX's own float32 error, quantity by quantity up to the gradients and the buffers, from one program's float32
+    outcome (``jax_seen``) and its float64 twin, taken once and kept as numbers (each program's rows use them):
+    ``|JAX₃₂ − JAX₆₄|``, and the twin's error against PyTorch64."""
+    return {(stage, name): (TwinMeasured(relative_error(a, b, scale=1.0), np.shape(a)), relative_error(b, reference))
+            for stage, name, a, b, reference in _paired(run, seen, jax_seen, twin)}
 
 
 FLOAT32_TO_64 = float(np.finfo(np.float64).eps / np.finfo(np.float32).eps)  # 2⁻²⁹: rounding scales with the unit roundoff
@@ -208,14 +214,8 @@ def _port_variation(run: _Run, seen: dict, jax_seen: dict, variant: dict | None)
     eps₆₄/eps₃₂ (2⁻²⁹), kept as numbers not yet divided by each quantity's scale."""
     if variant is None:
         return {}
-    measures = {}
-    for stage, name, pick, reference, _, _ in _quantities(run, seen, jax_seen, None, BEFORE_UPDATE):
-        if stage == "forward" and run.layer_paths[name if name != "(model)" else ""] not in variant["layers"]:
-            continue
-        a, b = pick(variant), pick(jax_seen)
-        if np.shape(a) == np.shape(b) == np.shape(reference):
-            measures[stage, name] = TwinMeasured(relative_error(a, b, scale=1.0) * FLOAT32_TO_64, np.shape(a))
-    return measures
+    return {(stage, name): TwinMeasured(relative_error(b, a, scale=1.0) * FLOAT32_TO_64, np.shape(a))
+            for stage, name, a, b, _ in _paired(run, seen, jax_seen, variant, BEFORE_UPDATE)}
 
 
 def _narrowed(tree):
@@ -594,11 +594,6 @@ def _update_in_float64(optimizer):
     return update
 
 
-def opt_states_structure(optimizer, params):
-    """The shapes and types of ``optimizer``'s state for ``params``, without making it."""
-    return jax.eval_shape(optimizer.init, params)
-
-
 @contextlib.contextmanager
 def _bias_corrections_exact():
     """While in effect, optax's Adam-family bias corrections 1 − βᵗ are computed as PyTorch has them, exactly and then
@@ -870,12 +865,11 @@ def _verified_causes(run: _Run, report: Report) -> dict:
                  "exact bias corrections": "optax's float32 bias corrections"}[cause]
         fell, stayed = {}, {}
         for row in report.rows:
-            key = (row.stage.split(": ")[-1], row.name)
-            if row.passed or row.not_compared or key not in counter:
+            if row.passed or row.not_compared or row.key not in counter:
                 continue
-            after = counter[key]  # the excess over the allowance gone, or nine tenths of it
+            after = counter[row.key]  # the excess over the allowance gone, or nine tenths of it
             gone = max(after.port_error - after.allowed, 0.0) <= 0.1 * (row.port_error - row.allowed)
-            (fell if gone else stayed)[key] = (row.ratio, after.ratio)
+            (fell if gone else stayed)[row.key] = (row.ratio, after.ratio)
         verified[label] = {"fell": fell, "stayed": stayed}
     return verified
 
@@ -920,9 +914,10 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         # The float64 twin measures JAX's own error up to the gradients (the update stage's twin is update_in_float64):
         # the same step without the optimizer, whose float64 parameters and state it would otherwise hold.
         twin_step = _jax_step_function(run.adapter, spec, None)
-        twin_function = jax.jit(twin_step) if noise_program(programs) == "jit" else twin_step
+        compiled_twin = jax.jit(twin_step)  # the float32 check's float64 twin, or the float64 check's float32 run
+        twin_function = compiled_twin if noise_program(programs) == "jit" else twin_step
         variant_program = "jit" if "jit" in programs else "eager"
-        variant_function = jax.jit(twin_step) if variant_program == "jit" else twin_step
+        variant_function = compiled_twin if variant_program == "jit" else twin_step
         order = sorted(programs, key=lambda p: p != "eager")  # op by op first: a bad dtype shows there
         # JAX's own float32 error, |JAX₃₂ − JAX₆₄| of one program, and whether that program's mathematics is right
         # (|JAX₆₄ − PyTorch₆₄|); float64 needs neither.
@@ -1036,15 +1031,14 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     # a cause is named only where the excess goes away without it: the same step, Flax's
                     # normalisations subtracting the mean first
                     counter_start = _start_of_step(run, width, own_before, params_state)
+                    counter_step = _jax_step_function(run.adapter, spec, None)  # a function of its own: traced afresh,
+                    counter_step = jax.jit(counter_step) if program == "jit" else counter_step  # the patch in effect
                     with _fast_variance_off(), _programs_held(program), _reference_parked(run):
-                        counter_step = _jax_step_function(run.adapter, spec, None)
-                        counter_step = jax.jit(counter_step) if program == "jit" else counter_step
                         counter = _collected(run, lambda: counter_step(counter_start, run.jax_inputs, run.jax_targets,
                                                                        None))
                     del counter_start
                     run.counterfactuals["use_fast_variance=False"] = {
-                        (r.stage.split(": ")[-1], r.name): r for r in
-                        _rows(run, prefix, seen, counter, None, {}, None, BEFORE_UPDATE, variation)}
+                        r.key: r for r in _rows(run, prefix, seen, counter, None, {}, None, BEFORE_UPDATE, variation)}
                     del counter
                     _let_go_of_programs(program)
                     phases.mark(f"step {step}: the port with use_fast_variance=False (a cause verified)")
@@ -1056,12 +1050,12 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 if last and program == order[-1]:
                     seen["ref"].pop("grads", None)
                     seen["ref"].pop("input_grads", None)
-                fed = update64 = None
+                fed = update64 = counter_update = None
                 if optimizer is not None and spec.torch_loss is not None:
                     if update_in_float64 is not None:  # the update stage's own float32 error, from the same gradients
                         params = _start_of_step(run, width, own_before, params_state)["params"]
                         update64 = update_in_float64(params, outcome["grads"], opt_before.get(program))
-                        if last and program == programs[0] and _uses_adam(opt_states_structure(optimizer, params)):
+                        if last and program == programs[0] and _uses_adam(jax.eval_shape(optimizer.init, params)):
                             # the counterfactual of optax's float32 bias corrections: the same update with 1 − βᵗ as
                             # PyTorch has it (rounded once to float32), judged after the update rows are
                             counter_update = _update_with_exact_bias_corrections(optimizer)(
@@ -1071,16 +1065,13 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     in_place = last and program == order[-1] and run.shadows[program].get("ref") is None
                     fed = _fed_updates(run, program, params_state, outcome["grads"], last=last, in_place=in_place)
                     phases.mark(f"step {step}: PyTorch's optimizers fed {program}'s gradients")
-                counter_update = locals().get("counter_update")
                 updated = _rows(run, prefix, seen, outcome, fed, measures, update64, FROM_UPDATE)
                 rows[program] += updated
                 if counter_update is not None:
                     if any(not r.passed for r in updated if r.stage.endswith("update")):
                         run.counterfactuals["exact bias corrections"] = {
-                            (r.stage.split(": ")[-1], r.name): r for r in
-                            _rows(run, prefix, seen, counter_update, fed, {}, None, ("update",))}
-                    counter_update = None
-                del outcome, fed, update64
+                            r.key: r for r in _rows(run, prefix, seen, counter_update, fed, {}, None, ("update",))}
+                del outcome, fed, update64, counter_update
                 if last:  # this program's update-stage optimizers are done, and their working models with them (the
                     # next program's builds its own: a gigabyte for 124M parameters, not held in between)
                     run.shadows[program] = {}
@@ -1099,7 +1090,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
     verified = _verified_causes(run, report)
     if dtype == "float64":  # E[x²] − E[x]² cancels in float64 too, 2²⁹ times less: where switching it off verified it
         for row in report.rows + report.other_rows:
-            if (row.stage.split(": ")[-1], row.name) in verified.get("use_fast_variance=True", {}).get("fell", {}):
+            if row.key in verified.get("use_fast_variance=True", {}).get("fell", {}):
                 row.explained_by = "use_fast_variance=True"
     if report.precision_findings or report.precision_notes:
         jaxpr = None

@@ -102,7 +102,7 @@ def _verification(verified: dict | None, findings: list[Row]) -> str | None:
     tried = (verified or {}).get("use_fast_variance=True")
     if tried is None:
         return None
-    keys = {(row.stage.split(": ")[-1], row.name) for row in findings}
+    keys = {row.key for row in findings}
     fell = {key: ratios for key, ratios in tried["fell"].items() if key in keys}
     if not fell:
         return ""
@@ -136,7 +136,7 @@ def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, laye
         causes.append(f"not Flax's fast variance (use_fast_variance=True at {fast_variance[0]}): rerun with "
                       "use_fast_variance=False, no quantity loses nine tenths of its excess over the allowance.")
     bias = (verified or {}).get("optax's float32 bias corrections")
-    update_rows = {(row.stage.split(": ")[-1], row.name) for row in findings if row.stage.endswith("update")}
+    update_rows = {row.key for row in findings if row.key[0] == "update"}
     fell = {key: ratios for key, ratios in (bias or {}).get("fell", {}).items() if key in update_rows}
     if dtype == "float32" and "update" in stages and _uses_adam(opt_state) and (bias is None or fell):
         worst = max(fell.items(), key=lambda item: item[1][0] or 0.0) if fell else None
