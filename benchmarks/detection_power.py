@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -55,12 +56,19 @@ class Stack(nn.Module):
     def __call__(self, x):
         for i in range(self.depth):
             eps = 1e-5 * (1 + self.epsilon) if (self.mistake == "eps" and i == self.at) else 1e-5
-            h = nn.Dense(WIDTH, name=f"blocks_{i}_0")(x)
+            # the transposed kernel: x @ Wᵀ where the port should compute x @ W (PyTorch's weight moved as it should be)
+            transposed = self.mistake == "transpose" and i == self.at
+            h = nn.Dense(WIDTH, name=f"blocks_{i}_0", dot_general=_transposed_dot if transposed else jax.lax.dot_general)(x)
             h = nn.LayerNorm(epsilon=eps, use_fast_variance=False, name=f"blocks_{i}_1")(h)
             x = x + jnp.tanh(h)
             if self.mistake == "scale" and i == self.at:
                 x = x * (1 + self.epsilon)
         return x
+
+
+def _transposed_dot(lhs, rhs, dimensions, precision=None, preferred_element_type=None, **kwargs):
+    return jax.lax.dot_general(lhs, rhs.T, dimensions, precision=precision,
+                               preferred_element_type=preferred_element_type, **kwargs)
 
 
 def _spec(depth: int, mistake: str | None, epsilon: float) -> Spec:
@@ -78,7 +86,7 @@ def _named(report, depth: int, mistake: str) -> bool:
     if first is None:
         return False
     at = depth // 2
-    expected = f"blocks.{at + 1}.0" if mistake == "scale" else f"blocks.{at}.1"
+    expected = {"scale": f"blocks.{at + 1}.0", "eps": f"blocks.{at}.1", "transpose": f"blocks.{at}.0"}[mistake]
     if mistake == "scale" and at + 1 == depth:
         expected = "output"
     return first.name == expected
@@ -103,6 +111,11 @@ def detection(depths, dtypes=("float32", "float64")) -> list[dict]:
                 results.append({"depth": depth, "dtype": dtype, "mistake": mistake, "smallest_named": smallest,
                                 "correct_exit": correct.exit_status(),
                                 "correct_worst_ratio": max(r.ratio for r in correct.rows if r.ratio is not None)})
+            report = testing.check_port(_spec(depth, "transpose", 0.0), dtype, programs=("jit",))
+            results.append({"depth": depth, "dtype": dtype, "mistake": "transpose",
+                            "named": _named(report, depth, "transpose"),
+                            "where": report.first_divergence.name if report.first_divergence else None})
+            print(f"depth {depth:>3} {dtype} transposed kernel: {results[-1]}", flush=True)
     return results
 
 
@@ -133,15 +146,17 @@ def main(argv=None) -> int:
     lines = ["# check-port's detection power and its verdicts on correct ports", "",
              f"`python -m functional_gan.benchmarks.detection_power --depths {' '.join(map(str, args.depths))}` "
              f"({os.cpu_count()} cores).", "",
-             "| depth | dtype | correct stack: exit (worst ×) | smallest output scale 1 + ε named | smallest eps change named |",
-             "|---|---|---|---|---|"]
+             "| depth | dtype | correct stack: exit (worst ×) | smallest output scale 1 + ε named "
+             "| smallest eps change named | transposed kernel |",
+             "|---|---|---|---|---|---|"]
     by = {(r["depth"], r["dtype"], r["mistake"]): r for r in found["detection"]}
     for depth in args.depths:
         for dtype in ("float32", "float64"):
-            scale, eps = by[depth, dtype, "scale"], by[depth, dtype, "eps"]
+            scale, eps, turned = by[depth, dtype, "scale"], by[depth, dtype, "eps"], by[depth, dtype, "transpose"]
             fmt = lambda v: "none" if v is None else f"{v:.0e}"  # noqa: E731
             lines.append(f"| {depth} | {dtype} | {scale['correct_exit']} ({scale['correct_worst_ratio']:.2f}×) | "
-                         f"{fmt(scale['smallest_named'])} | {fmt(eps['smallest_named'])} |")
+                         f"{fmt(scale['smallest_named'])} | {fmt(eps['smallest_named'])} | "
+                         f"{'named at ' + turned['where'] if turned['named'] else 'not named'} |")
     lines += ["", "| correct port (tests/corpus/) | dtype | exit | notes | not compared | worst × |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['spec']} | {r['dtype']} | {r['exit']} | {r['notes']} | {r['not_compared']} | {r['worst_ratio']:.2f} |"
               for r in found["corpus"]]

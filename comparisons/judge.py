@@ -120,6 +120,9 @@ class Row:
     # row is within its allowance; set by check-port
     explained_by: str | None = None
     port_noise: float | None = None  # float64: the port's own error (its program's float32 error × 2⁻²⁹) / scale
+    # float64: the error of the port's own lower-precision islands (a cast to float32 inside), |JAX − JAX with its
+    # casts removed| / scale: the row is judged against that precision's noise too
+    island_noise: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -176,7 +179,8 @@ class Row:
         PyTorch's own was not measured."""
         if self.noise is None:
             return None
-        return self.port_error / _at_least_ulps(max(self.noise, self.port_noise or 0.0), self.dtype)
+        return self.port_error / _at_least_ulps(max(self.noise, self.port_noise or 0.0, self.island_noise or 0.0),
+                                                self.dtype)
 
 
 def _at_least_ulps(noise: float, dtype: str = "float32") -> float:
@@ -190,7 +194,7 @@ def allowance(noise: float, k: float = DEFAULT_K, dtype: str = "float32") -> flo
 
 def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float = DEFAULT_K,
             tolerance: float | None = None, port_shape: tuple | None = None, jax_noisy=(), twin_reference=None,
-            float64_noise: bool = False, port_noisy=()) -> Row:
+            float64_noise: bool = False, port_noisy=(), island_noisy=()) -> Row:
     """One quantity judged: the port's error against the float64 reference, relative to the reference's scale.
 
     float32: within k × PyTorch's own error, the largest of ``noisy`` (PyTorch's float32 results) against the
@@ -210,6 +214,11 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     program's float32 error × 2⁻²⁹) or :class:`Measured` errors, or other results of the port compared with its own:
     the allowance is k × the larger of PyTorch's own error and the port's, the port's
     counted up to √eps of the scale (beyond it, a variation is the port's behaviour, not rounding).
+
+    ``island_noisy`` (float64, with ``float64_noise``): the port's results against the same program with its
+    lower-precision islands removed (:mod:`functional_gan.testing.widen`), as :class:`TwinMeasured` differences: the
+    error the port's own casts to float32 make, counted in full (the port computes there in float32 by design, and
+    is judged against that precision, as PyTorch's own islands are through ``noisy``).
     """
     port = np.asarray(port, np.float64)
     reference = np.asarray(reference, np.float64)
@@ -228,7 +237,7 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     del difference
     if not np.all(np.isfinite(port)):
         error = math.inf
-    noise = jax_noise = twin_error = port_noise = None
+    noise = jax_noise = twin_error = port_noise = island_noise = None
     if dtype == "float64" and not (float64_noise and noisy and tolerance is None):
         allowed = FLOAT64_TOLERANCE if tolerance is None else tolerance
     elif dtype == "float32" and tolerance is not None and not noisy:
@@ -239,6 +248,9 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
         if dtype == "float64" and port_noisy and tolerance is None:
             port_noise = max(float(n) / scale if isinstance(n, TwinMeasured) else error_of(n, port) for n in port_noisy)
             allowed = allowance(max(noise, min(port_noise, SIGNIFICANT[dtype])), k, dtype)
+        if dtype == "float64" and island_noisy and tolerance is None:
+            island_noise = max(float(n) / scale if isinstance(n, TwinMeasured) else error_of(n, port) for n in island_noisy)
+            allowed = max(allowed, allowance(island_noise, k, dtype))
         pairs = [(a, b) for a, b in jax_noisy
                  if (a.shape if isinstance(a, TwinMeasured) else np.shape(a)) == port.shape
                  and (isinstance(a, TwinMeasured) or np.shape(a) == np.shape(b))]
@@ -248,4 +260,4 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
             twin_error = max(error_of(b, twin_against) for _, b in pairs)
     return Row(stage, name, error, noise, allowed, scale, float(port[where]) if port.size else math.nan,
                float(reference[where]) if reference.size else math.nan, jax_noise=jax_noise, twin_error=twin_error,
-               dtype=dtype, port_noise=port_noise)
+               dtype=dtype, port_noise=port_noise, island_noise=island_noise)

@@ -4,7 +4,9 @@ in float32 and float64, and a mistake planted in it must still be named at its l
 The corpus: a hand-written NNX port of pytorch/examples' MNIST Net (its float64 rows sat at 3.1–3.5× PyTorch's own
 float64 error before the port's own error counted), a Linen GroupNorm net trained with optax.adam (optax's float32 bias
 corrections: notes, not a failure), a forward-only port whose inner layer is laid out transposed (mapped, not a
-divergence), and Hugging Face's own Flax GPT-2 against its PyTorch GPT-2 (slow: transformers 4.57.6)."""
+divergence), RMSNorms that compute in float32 inside a float64 model as transformers' do (on PyTorch's side, the port's,
+or both: lower-precision islands), and Hugging Face's own Flax GPT-2 and Flax Llama against their PyTorch models (slow:
+transformers 4.57.6)."""
 
 import importlib.util
 from pathlib import Path
@@ -59,6 +61,36 @@ def test_a_changed_eps_in_the_groupnorm_port_is_named_at_it(dtype):
     assert first is not None and (first.stage, first.name) == ("forward", "norm1"), report.format()
 
 
+@pytest.mark.parametrize("island", ["both", "torch", "port"])
+def test_a_float32_island_inside_a_float64_model_is_named_and_judged_at_its_precision(island):
+    """transformers' RMSNorm casts to float32 inside a float64 model (PyTorch's own error there is a float32 one); the
+    port's FlaxLlamaRMSNorm computes its variance in float32. Before islands were measured: exit 1 at 6.6e7–8.5e7×."""
+    report = port.check_port(_spec("rmsnorm_island", ISLAND=island), "float64", steps=2)
+    _agrees(report)
+    torch_notes = [n for n in report.notes if n.startswith("PyTorch computes")]
+    port_notes = [n for n in report.notes if n.startswith("the port computes")]
+    assert [n.split(" in float32")[0] for n in torch_notes] == (
+        ["PyTorch computes norm1", "PyTorch computes norm2"] if island != "port" else []), report.notes
+    assert [n.split(" in float32")[0] for n in port_notes] == (
+        ["the port computes its module norm1", "the port computes its module norm2"] if island != "torch" else []), \
+        report.notes
+    # judged against the island's precision: an allowance of float32's size where it shows, float64's before it
+    rows = {r.key: r for r in report.rows if r.stage.startswith("step 2")}
+    assert rows["forward", "up"].allowed < 1e-14 and rows["forward", "norm2"].allowed > 1e-8
+
+
+def test_the_island_port_agrees_in_float32_too():
+    _agrees(port.check_port(_spec("rmsnorm_island"), "float32", steps=2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_mistake_after_an_island_is_still_named(dtype):
+    """The middle Linear's output scaled by 1 + 1e-5 in the port, between two float32 islands: named where it shows."""
+    report = port.check_port(_spec("rmsnorm_island", OUT_SCALED=1e-5), dtype, programs=("jit",))
+    first = report.first_divergence
+    assert first is not None and (first.stage, first.name) == ("forward", "norm2"), report.format()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_mistake_in_the_transposed_layer_is_named_at_it(dtype):
     report = port.check_port(_spec("transposed_proj", MISTAKE="proj-without-bias"), dtype, programs=("jit",))
@@ -97,6 +129,19 @@ def test_hugging_faces_flax_gpt2_agrees_with_its_pytorch_gpt2(dtype, monkeypatch
     monkeypatch.setenv("HF_GPT2_SIZE", "wide")
     report = port.check_port(_spec("hf_gpt2"), dtype)
     _agrees(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_hugging_faces_flax_llama_agrees_with_its_pytorch_llama(dtype):
+    """Both sides compute their RMSNorms (and PyTorch its softmax and rotary tables) in float32 inside float64."""
+    pytest.importorskip("transformers")
+    report = port.check_port(_spec("hf_llama"), dtype)
+    _agrees(report)
+    assert any(n.startswith("PyTorch computes model.layers.*.input_layernorm in float32") for n in report.notes)
+    if dtype == "float64":
+        assert any(n.startswith("the port computes its module model/layers/*/input_layernorm in float32")
+                   for n in report.notes), report.notes
 
 
 _CRASHING = '''

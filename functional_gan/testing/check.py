@@ -73,7 +73,7 @@ import torch
 from functional_gan.comparisons.judge import DEFAULT_K, Measured, Row, TwinMeasured, compare, relative_error
 from functional_gan.errors import UserError
 
-from . import apis
+from . import apis, widen
 from .jax_side import _check_dtypes, _jax_step_function
 from .pairing import (Pairing, _get, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
                       torch_in_flax_layout, transfer, variables_from_torch)
@@ -81,7 +81,7 @@ from .memory import Phases, old_objects_frozen, op_programs_bounded, trim
 from .precision import _uses_adam, likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
 from .spec import Spec, SpecError
-from .torch_side import Parked, _torch_side, _torch_step, fed_update, load_into, other_layout
+from .torch_side import Islands, Parked, _torch_side, _torch_step, fed_update, island_pattern, load_into, other_layout
 
 PERMUTED_RUNS = 2  # float32 PyTorch runs with the batch in another order, besides the plain one
 
@@ -111,6 +111,8 @@ class _Run:
     reference_rng: Any = None  # PyTorch's random state as the reference's step of this step began
     # a cause switched off → the last step's rows up to the gradients, by (stage, name), of the port without it
     counterfactuals: dict = dataclasses.field(default_factory=dict)
+    make_working: Callable | None = None  # a working PyTorch model of a dtype, built on first use
+    torch_islands: dict | None = None  # PyTorch64's lower-precision islands {module: dtype}, found at its first step
 
 
 def _layout_of(jax_output, torch_shape: tuple, from_jax, notes: set | None = None, where: str = "") -> np.ndarray:
@@ -218,6 +220,37 @@ def _port_variation(run: _Run, seen: dict, jax_seen: dict, variant: dict | None)
             for stage, name, a, b, _ in _paired(run, seen, jax_seen, variant, BEFORE_UPDATE)}
 
 
+def _island_measures(run: _Run, seen: dict, jax_seen: dict, wide: dict | None) -> dict:
+    """float64: the error of the port's own lower-precision islands, quantity by quantity up to the gradients:
+    ``|JAX − JAX with its casts removed|`` (:mod:`.widen`) of this program's outcome, not yet divided by the scale."""
+    if wide is None:
+        return {}
+    return {(stage, name): TwinMeasured(relative_error(a, b, scale=1.0), np.shape(a))
+            for stage, name, a, b, _ in _paired(run, seen, jax_seen, wide, BEFORE_UPDATE)}
+
+
+def _port_islands_run(run: _Run, step_function, start: dict) -> dict:
+    """The port's step without its optimizer, compiled, with its lower-precision islands computed in float64."""
+    wide = jax.jit(widen.widened(step_function))
+    return _collected(run, lambda: wide(start, run.jax_inputs, run.jax_targets, None))
+
+
+def _name_port_islands(run: _Run, islands: dict, rows: list[Row]) -> None:
+    """One note per island of the port: where its step narrows (the module, where the name stack says it), and the
+    first layer whose output its error reaches (more than a thousand float64 ulps of the scale)."""
+    shown = next((r.name for r in rows if r.key[0] == "forward" and (r.island_noise or 0.0) > 1e3 * EPS64), None)
+    seen_at = f"; its error first shows at forward {shown}" if shown else ""
+    for where, narrow in island_pattern(islands).items():
+        named = where != "(the model itself)"  # Flax Linen names its modules in JAX's name stack; NNX and Equinox not
+        run.notes.add(f"the port computes {f'its module {where}' if named else 'part of its step'} in {narrow} inside "
+                      f"its float64 program (a cast or a dtype fixed there{'' if named else seen_at}): those rows and "
+                      "what follows are judged against that island's own error (the same program with its casts "
+                      "removed, beside it)")
+
+
+EPS64 = float(np.finfo(np.float64).eps)
+
+
 def _narrowed(tree):
     """``tree`` as a float32 program takes it: floating-point leaves in float32, integers in int32."""
     def narrow(a):
@@ -242,13 +275,14 @@ def _port_variant(run: _Run, function, start: dict) -> dict:
 
 
 def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, measures: dict,
-          update64: dict | None, stages=BEFORE_UPDATE + FROM_UPDATE, variation: dict | None = None) -> list[Row]:
+          update64: dict | None, stages=BEFORE_UPDATE + FROM_UPDATE, variation: dict | None = None,
+          island: dict | None = None) -> list[Row]:
     """Every quantity of one step of the ``stages`` asked for compared, in debugging order. ``measures``: JAX's own
     float32 error up to the gradients (see :func:`_twin_measures`); ``update64``: the port's optimizer in float64 fed
     this program's gradients, its own float32 error at the update stage; ``variation``: float64, the port's own
     variation up to the gradients (:func:`_port_variation`)."""
     rows = []
-    variation = variation or {}
+    variation, island = variation or {}, island or {}
     for stage, name, pick, reference, noise, port_shape in _quantities(run, seen, jax_seen, fed, stages):
         if stage == "update":  # the gradients are compared: let go before the updates are
             jax_seen.pop("grads", None)
@@ -260,8 +294,9 @@ def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, 
         if stage in ("forward", "output"):
             port, reference = _broadcast_equal(run, f"{stage}, {name}", port, reference)
         port_noisy = [variation[stage, name]] if (stage, name) in variation else []
+        island_noisy = [island[stage, name]] if (stage, name) in island else []
         rows.append(compare(prefix + stage, name, port, reference, [noise], run.dtype, run.k, port_shape=port_shape,
-                            jax_noisy=jax_noisy, float64_noise=True, port_noisy=port_noisy))
+                            jax_noisy=jax_noisy, float64_noise=True, port_noisy=port_noisy, island_noisy=island_noisy))
     return rows
 
 
@@ -381,7 +416,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
     # (_shadow): float32's float64 working model then exists only for the update stage, and is let go after the last.
     shadows = {program: ({"ref": None, short: None} if spec.jax_optimizer is not None else {}) for program in programs}
     run = _Run(spec, dtype, k, inputs, targets, jax_inputs(adapter.channels_last), on_jax(targets), from_jax, adapter,
-               pairings, layer_paths, {}, sides, permutations, shadows, tied=tied, working=working)
+               pairings, layer_paths, {}, sides, permutations, shadows, tied=tied, working=working, make_working=work)
     paths = {p.torch_key: "/".join(p.jax_path) for p in pairings}
     for later, first in tied.items():
         if later in paths:  # the port keeps a copy of its own where PyTorch uses one tensor twice
@@ -495,13 +530,27 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
         return Measured(error * FLOAT32_TO_64) if name == "t32-scaled" else error
 
     def step_of(name, model, opt):
+        islands = None
+        if name == "ref" and run.torch_islands is None:  # PyTorch64's own islands, found at its first step
+            islands = Islands(model, torch.float64)
+        elif name == "t64-wide":
+            islands = Islands(model, torch.float64, widen=True)
         sink = None
         if name != "ref":  # each layer's output measured against the reference's as it comes, not kept
             def sink(layer, value):
                 noise["layers"][layer] = max(noise["layers"].get(layer, Measured(0.0)),
                                              error_of(name, value, ref["layers"][layer]))
         seen = _torch_step(run.spec, model, opt, inputs_of(name), run.targets, _torch_dtype(name), run.layer_paths,
-                           run.permutations.get(name), layout=name == "t64-layout", sink=sink)
+                           run.permutations.get(name), layout=name == "t64-layout", sink=sink, islands=islands)
+        if name == "ref" and run.torch_islands is None:
+            run.torch_islands = islands.found
+            if islands.found and run.make_working is not None:
+                # the island's own error: PyTorch64 with its casts removed beside it, in every row's PyTorch noise
+                run.sides["t64-wide"] = (run.make_working(torch.float64), None)
+                for where, narrow in island_pattern(islands.found).items():
+                    run.notes.add(f"PyTorch computes {where} in {narrow} inside its float64 model (a cast there): those "
+                                  f"rows and what follows are judged against that island's own error (PyTorch64 with "
+                                  f"its casts removed, beside it)")
         seen["grads"] = torch_in_flax_layout(model, run.pairings, "grad", release=True)
         seen["after"] = torch_in_flax_layout(model, stats)  # the buffers (the parameters' updates are judged fed)
         return seen
@@ -928,6 +977,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
         # the next step starts from it, as training does; the parameters start from PyTorch's (teacher forcing).
         own_state: dict[str, dict | None] = {program: None for program in programs}
         rows: dict[str, list[Row]] = {program: [] for program in programs}
+        port_islands: dict = {}  # float64: where the port computes narrower, found in its step's jaxpr (widen.py)
         for step in range(1, steps + 1):
             last = step == steps
             opt_before = dict(opt_states)
@@ -961,7 +1011,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
 
             # float64: the port's own rounding error, from its program (compiled where it runs) in float32, held while
             # each program's rows are compared
-            variant = None
+            variant = wide = None
             variant_start = own_state[programs[0]]  # the judged program's state as this step starts
             # One program at a time, compared and let go: the twin's program first, then its float64 twin (JAX's own
             # float32 error, kept as numbers), then the others.
@@ -980,6 +1030,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     if program not in opt_states:
                         opt_states[program] = optimizer.init(start["params"]) if optimizer is not None else None
                     function = last_step_fn if last else step_fn
+                shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype)
+                                                 if hasattr(a, "dtype") else a, start)  # a donated start's
                 with _programs_held(program), _reference_parked(run):
                     outcome = _run_program(run, function, program, start, opt_states[program],
                                            first=step == 1 and program == order[0])
@@ -987,6 +1039,9 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     _check_dtypes(outcome, dtype, run)
                     uncaptured = [n or "(model)" for n in seen["ref"]["layers"]
                                   if run.layer_paths[n] not in outcome["layers"]]
+                    if dtype == "float64":
+                        port_islands = widen.islands(twin_step, shapes, run.jax_inputs, run.jax_targets, None)
+                del shapes
                 state = outcome.pop("opt_state", None)  # to the next step; after the last, nothing reads it
                 opt_states[program] = None if last else state
                 own_state[program] = {"batch_stats": outcome.get("batch_stats") or start["batch_stats"],
@@ -1001,6 +1056,12 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     del variant_from
                     _let_go_of_programs(variant_program)
                     phases.mark(f"step {step}: the port in float32, for its own float64 error")
+                    if port_islands:  # the port's own islands' error: its step with its casts removed
+                        wide_from = _start_of_step(run, width, variant_start, params_state)
+                        with _reference_parked(run):
+                            wide = _port_islands_run(run, twin_step, wide_from)
+                        del wide_from
+                        phases.mark(f"step {step}: the port with its float32 islands in float64")
                 if program == twin_program:
                     with jax.enable_x64(True), _programs_held(program):
                         twin = _float64_twin(run, twin_function,
@@ -1024,7 +1085,10 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 prefix = f"step {step}: " if steps > 1 else ""
                 reference_gradients()
                 variation = _port_variation(run, seen, outcome, variant)
-                computed = _rows(run, prefix, seen, outcome, None, measures, None, BEFORE_UPDATE, variation)
+                island = _island_measures(run, seen, outcome, wide)
+                computed = _rows(run, prefix, seen, outcome, None, measures, None, BEFORE_UPDATE, variation, island)
+                if port_islands and step == 1 and program == programs[0]:
+                    _name_port_islands(run, port_islands, computed)
                 rows[program] += computed
                 if last and program == programs[0] and run.adapter.fast_variance \
                         and any(not r.passed and not r.not_compared for r in computed):
@@ -1042,9 +1106,9 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     del counter
                     _let_go_of_programs(program)
                     phases.mark(f"step {step}: the port with use_fast_variance=False (a cause verified)")
-                del variation
+                del variation, island
                 if program == order[-1]:
-                    variant = None
+                    variant = wide = None
                 if recompute:
                     seen["ref"]["grads"] = None
                 if last and program == order[-1]:

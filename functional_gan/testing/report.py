@@ -305,7 +305,8 @@ class Report:
         near_zero = False
         for r in self.rows:
             noise = f"{r.noise:.2e}" if r.noise is not None else "—"
-            own = r.jax_noise if r.jax_noise is not None else r.port_noise
+            owns = [n for n in (r.port_noise, r.island_noise) if n is not None]
+            own = r.jax_noise if r.jax_noise is not None else max(owns) if owns else None
             jax_noise = f"{own:.2e}" if own is not None else "—"
             ratio = _ratio(r.ratio) if r.ratio is not None else "—"
             error = "shape" if r.shapes is not None else f"{r.port_error:.2e}"

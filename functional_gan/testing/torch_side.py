@@ -3,13 +3,17 @@ every paired layer's output recorded, and PyTorch's optimizer fed the port's gra
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
+import re
 import sys
 from collections.abc import Mapping
 
 import numpy as np
 import torch
+
+from torch.overrides import TorchFunctionMode
 
 from .memory import _LIBC, trim
 from .pairing import Pairing
@@ -39,13 +43,101 @@ def other_layout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+_NARROWING_METHODS = {torch.Tensor.float: torch.float32, torch.Tensor.half: torch.float16,
+                      torch.Tensor.bfloat16: torch.bfloat16}
+
+
+class Islands(TorchFunctionMode):
+    """A PyTorch run's lower-precision islands: where an operation makes a floating-point tensor narrower than
+    ``wide`` from a ``wide`` one (transformers' ``LlamaRMSNorm`` computes in float32 whatever the model's dtype:
+    ``hidden_states.to(torch.float32)``), by the innermost module of ``model`` running it. With ``widen``, the
+    narrowing is removed instead: a narrower floating dtype asked for (``.to(torch.float32)``, ``.float()``,
+    ``dtype=torch.float32``) is ``wide``, so the run is the model without its islands. ``found``: {module name: the
+    narrow dtype's name}, in the order met."""
+
+    def __init__(self, model: torch.nn.Module, wide: torch.dtype, widen: bool = False):
+        super().__init__()
+        self.wide, self.widen = wide, widen
+        self.found: dict[str, str] = {}
+        self.names = {id(m): name for name, m in model.named_modules()}
+        self.stack: list[str] = []
+        self.model = model
+        self.handles = []
+
+    def __enter__(self):
+        def push(module, _args):
+            self.stack.append(self.names.get(id(module), ""))
+
+        def pop(module, _args, _out):
+            if self.stack:
+                self.stack.pop()
+
+        for module in self.model.modules():
+            self.handles += [module.register_forward_pre_hook(push), module.register_forward_hook(pop)]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        return super().__exit__(*exc)
+
+    def _narrow(self, value) -> bool:
+        return isinstance(value, torch.dtype) and value.is_floating_point and value.itemsize < self.wide.itemsize
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        wide_in = any(isinstance(a, torch.Tensor) and a.dtype == self.wide for a in args)
+        if self.widen:  # every narrower floating dtype asked for is the wide one, and mixed operands widened
+            if func in _NARROWING_METHODS:
+                if wide_in:
+                    self._record(_NARROWING_METHODS[func])
+                return args[0].to(self.wide)
+            if any(self._narrow(a) for a in (*args, *kwargs.values())):
+                if wide_in:
+                    self._record(next(a for a in (*args, *kwargs.values()) if self._narrow(a)))
+                args = tuple(self.wide if self._narrow(a) else a for a in args)
+                kwargs = {k: self.wide if self._narrow(v) else v for k, v in kwargs.items()}
+            if any(self._wide_tensor(a) for a in args):
+                args = tuple(self._widened(a) for a in args)
+        out = func(*args, **kwargs)
+        if not self.widen and wide_in and isinstance(out, torch.Tensor) and self._narrow(out.dtype):
+            self._record(out.dtype)
+        return out
+
+    def _wide_tensor(self, a) -> bool:
+        if isinstance(a, (list, tuple)):
+            return any(self._wide_tensor(b) for b in a)
+        return isinstance(a, torch.Tensor) and a.dtype == self.wide
+
+    def _widened(self, a):
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._widened(b) for b in a)
+        if isinstance(a, torch.Tensor) and self._narrow(a.dtype):
+            return a.to(self.wide)
+        return a
+
+    def _record(self, dtype: torch.dtype) -> None:
+        where = self.stack[-1] if self.stack else ""
+        self.found.setdefault(where, str(dtype).removeprefix("torch."))
+
+
+def island_pattern(found: dict[str, str]) -> dict[str, str]:
+    """Module names with their indices in a stack as ``*`` (``model.layers.0.input_layernorm`` and ``…1…`` read as one
+    ``model.layers.*.input_layernorm``), each with its narrow dtype, in the order first met."""
+    patterns: dict[str, str] = {}
+    for name, narrow in found.items():
+        patterns.setdefault(re.sub(r"(?<=[./])\d+(?=[./]|$)", "*", name) if name else "(the model itself)", narrow)
+    return patterns
+
+
 def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_layers: dict[str, str],
-                permutation: np.ndarray | None = None, layout: bool = False, sink=None):
+                permutation: np.ndarray | None = None, layout: bool = False, sink=None, islands: Islands | None = None):
     """One forward (with each paired layer's output), loss, backward, optimizer step. Returns what it saw.
 
     With ``permutation`` the samples go in that order and every output is put back in the original order. With
     ``sink``, each layer's output (float64, in order) goes to ``sink(name, output)`` as it is computed instead of
-    being kept.
+    being kept. ``islands``: an :class:`Islands` mode the forward, loss and backward run in.
     """
     if permutation is not None:
         inputs = tuple(np.asarray(x)[permutation] for x in inputs)
@@ -88,12 +180,14 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
         # the model takes a copy (an exact one, whose gradient is the leaf's): a module that changes its input in
         # place may, as without INPUT_GRADIENTS
         tensors = [leaves[i].clone() if i in leaves else t for i, t in enumerate(tensors)]
-    output = select_output(model(*tensors), spec.output, "PyTorch's model")
+    with islands if islands is not None else contextlib.nullcontext():
+        output = select_output(model(*tensors), spec.output, "PyTorch's model")
     for h in handles:
         h.remove()
     seen = {"layers": outputs if sink is None else {}, "output": unpermute(output.detach().double().cpu().numpy().copy())}
     if spec.torch_loss is not None:
-        loss = call_loss(spec.torch_loss, "torch_loss", output, tensors, target_tensors)
+        with islands if islands is not None else contextlib.nullcontext():
+            loss = call_loss(spec.torch_loss, "torch_loss", output, tensors, target_tensors)
         seen["loss"] = float(loss.detach())
         loss.backward()
         if leaves:
