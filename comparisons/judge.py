@@ -8,9 +8,11 @@ A quantity's error is ``max |port − reference| / max |reference|`` (its scale)
 dtypes (:data:`VERDICT_RULE`, which check-port's report prints as its footer):
 
 * **agreement**: within k × the larger of PyTorch's own error (its results in the same dtype against the float64
-  reference: the batch in other orders, other memory layouts, one-ulp moves; in float64 also its float32 error
-  times eps₆₄/eps₃₂ = 2⁻²⁹) and, in float64, the port's own (its program's float32 error times 2⁻²⁹: rounding
-  scales with the unit roundoff, and the variants above share a long sum's roundings), never less than a floor of
+  reference: the batch in other orders, other memory layouts, one-ulp moves; in float64 also its matrix products'
+  long sums taken in blocks, its float32 error times eps₆₄/eps₃₂ = 2⁻²⁹, and, where it computes in float32 inside a
+  float64 model, the run without those casts) and, in float64, the port's own (its program's float32 error times 2⁻²⁹:
+  rounding scales with the unit roundoff, and the variants above share a long sum's roundings; and its own float32
+  islands' error, the program without its casts), never less than a floor of
   4 float32 or 8 float64 ulps of the scale. The port's own counts up to √eps of the scale only: beyond that it is
   not rounding, and buys no allowance;
 * **divergence** (exit 1): beyond it, and the mathematics differs: in float32 the same JAX program in float64
@@ -53,7 +55,8 @@ SIGNIFICANT = {dtype: math.sqrt(eps) for dtype, eps in EPS.items()}
 
 VERDICT_RULE = (
     "agreement: within k × the larger of PyTorch's own error and (float64) the port's own (each framework's float32 "
-    "error × 2⁻²⁹ beside PyTorch64's variants), at least the ulp floor; divergence (exit 1): beyond it and the "
+    "error × 2⁻²⁹ beside PyTorch64's variants; a float32 island's error where either computes in float32 inside), at "
+    "least the ulp floor; divergence (exit 1): beyond it and the "
     "mathematics differs (float32: the same JAX program in float64 does not agree with PyTorch64; float64: no "
     "verified cause explains it); precision finding (exit 3): beyond it, the "
     "mathematics right (float32: the float64 twin agrees; float64: a cause verified by rerunning without it) and more "

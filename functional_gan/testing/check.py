@@ -27,7 +27,9 @@ orders (put back in order after), which makes every reduction over the batch sum
 quantity is a precision finding where the same JAX program in float64 agrees with PyTorch (see :mod:`.precision`),
 else a divergence. Adam turns float32 rounding in near-zero gradients into lr-sized steps; PyTorch does that to
 itself too, and the update stage is judged from the same gradients. In float64 the port must agree within k ×
-PyTorch's own float64 error (other batch orders, other memory layouts, one-ulp moves; at least 8 ulps). The first
+PyTorch's own float64 error (other batch orders, other memory layouts, one-ulp moves, its matrix products' long sums in
+blocks, its float32 error × 2⁻²⁹, and where it computes in float32 inside, the run without those casts) and the port's
+(its program in float32 × 2⁻²⁹, and without its own casts to float32; at least 8 ulps). The first
 divergence is named: stage, layer, tensor, both sides' values (or both shapes).
 
 A spec is a Python file (or module) defining
@@ -81,7 +83,7 @@ from .memory import Phases, old_objects_frozen, op_programs_bounded, trim
 from .precision import _uses_adam, likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
 from .spec import Spec, SpecError
-from .torch_side import Islands, Parked, _torch_side, _torch_step, fed_update, island_pattern, load_into, other_layout
+from .torch_side import BlockedSums, Islands, Parked, _torch_side, _torch_step, fed_update, island_pattern, load_into, other_layout
 
 PERMUTED_RUNS = 2  # float32 PyTorch runs with the batch in another order, besides the plain one
 
@@ -271,6 +273,7 @@ def _port_variant(run: _Run, function, start: dict) -> dict:
     start, inputs, targets = _narrowed((start, run.jax_inputs, run.jax_targets))
     with jax.enable_x64(False), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Explicitly requested dtype float64")  # a dtype the port fixes
+        warnings.filterwarnings("ignore", message="overflow encountered in cast")  # float64's finfo.min as a mask
         return _collected(run, lambda: function(start, inputs, targets, None))
 
 
@@ -405,6 +408,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
     if dtype == "float64":
         sides["t64-layout"] = (other_layout(_torch_side(spec, torch.float64, state)[0]), None)
         sides["t64-moved"] = (work(torch.float64), None)
+        sides["t64-blocked"] = (work(torch.float64), None)  # its matrix products' long sums in blocks (BlockedSums)
         # PyTorch's float32 error times eps₆₄/eps₃₂: its float64 error where the variants above share its roundings
         # (a long sum's partial sums round alike however its inputs are ordered or moved by an ulp)
         sides["t32-scaled"] = (work(torch.float32), None)
@@ -530,18 +534,20 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
         return Measured(error * FLOAT32_TO_64) if name == "t32-scaled" else error
 
     def step_of(name, model, opt):
-        islands = None
+        islands = mode = None
         if name == "ref" and run.torch_islands is None:  # PyTorch64's own islands, found at its first step
-            islands = Islands(model, torch.float64)
+            islands = mode = Islands(model, torch.float64)
         elif name == "t64-wide":
-            islands = Islands(model, torch.float64, widen=True)
+            mode = Islands(model, torch.float64, widen=True)
+        elif name == "t64-blocked":
+            mode = BlockedSums()
         sink = None
         if name != "ref":  # each layer's output measured against the reference's as it comes, not kept
             def sink(layer, value):
                 noise["layers"][layer] = max(noise["layers"].get(layer, Measured(0.0)),
                                              error_of(name, value, ref["layers"][layer]))
         seen = _torch_step(run.spec, model, opt, inputs_of(name), run.targets, _torch_dtype(name), run.layer_paths,
-                           run.permutations.get(name), layout=name == "t64-layout", sink=sink, islands=islands)
+                           run.permutations.get(name), layout=name == "t64-layout", sink=sink, mode=mode)
         if name == "ref" and run.torch_islands is None:
             run.torch_islands = islands.found
             if islands.found and run.make_working is not None:

@@ -274,8 +274,10 @@ class Report:
         if measured:
             return (f"|JAX − PyTorch64| ≤ {self.k:g} × max(|PyTorch64' − PyTorch64|, {ULPS64} ulps of float64), relative "
                     "to each tensor's scale (PyTorch64': PyTorch in float64 with the batch in two other orders, with its "
-                    "weights and images in other memory layouts, and with every input and weight moved by one ulp; for "
-                    f"the update, its optimizer fed moved gradients; {FLOAT64_TOLERANCE:g} where nothing was measured)")
+                    "weights and images in other memory layouts, with every input and weight moved by one ulp, with its "
+                    "matrix products' long sums in blocks, and its float32 error × 2⁻²⁹; where it computes in float32 "
+                    "inside, without those casts; for the update, its optimizer fed moved gradients; the port's own "
+                    f"error beside it; {FLOAT64_TOLERANCE:g} where nothing was measured)")
         return f"|JAX − PyTorch64| ≤ {FLOAT64_TOLERANCE:g} of each tensor's scale"
 
     def format(self, markdown: bool = False) -> str:
