@@ -5,7 +5,7 @@ verdicts on the corpus of correct ports (tests/corpus/).
 
 The model: a residual stack of ``depth`` blocks ``x + tanh(LayerNorm(Linear(x)))`` (width 32, batch 16, an MSE loss),
 PyTorch and a Flax Linen port. The mistake, in the port only, at the middle block: its output scaled by ``1 + ε``, or
-its LayerNorm's ``eps`` 1e-5 made ``1e-5·(1 + ε)`` (both of every size from 1e-1 down to 1e-12, a decade apart); the
+its LayerNorm's ``eps`` 1e-5 made ``1e-5·(1 + ε)`` (both of every size from 10 down to 1e-12, a decade apart); the
 smallest ε whose first divergence the check names at the next block's first layer (the scaled output shows there) or at
 the block's own LayerNorm (its eps). Then the corpus: each correct port checked in float32 and float64, its exit
 status. Writes ``detection-power.json`` and ``.md`` to ``--out``.
@@ -30,7 +30,7 @@ from functional_gan import testing
 from functional_gan.testing.spec import Spec
 
 WIDTH, BATCH = 32, 16
-EPSILONS = [10.0 ** -e for e in range(1, 13)]
+EPSILONS = [10.0 ** -e for e in range(-1, 13)]  # 10 down to 1e-12, a decade apart
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus"
 
 

@@ -360,3 +360,35 @@ def test_a_check_leaves_the_objects_it_found_out_of_the_collectors_passes_and_ha
             assert gc.get_freeze_count() == outer
         assert gc.get_freeze_count() == outer > 10_000
     assert gc.get_freeze_count() == 0
+
+
+def _keyword_decoder(**settings):
+    loader = importlib.util.spec_from_file_location("keyword_decoder", Path(__file__).parent / "corpus" / "keyword_decoder.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    for key, value in settings.items():
+        setattr(module, key, value)
+    return testing.spec_from_module(module)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_layers_called_with_keyword_arguments_are_checked_as_the_model_calls_them(dtype):
+    """transformers' decoder layers take attention_mask and position_embeddings by keyword: each block is called with
+    them (PyTorch's) and block_to_jax gets them (the port's); before, the layer ran without them and failed."""
+    report = by_block.check_by_block(_keyword_decoder(), dtype, programs=("jit",))
+    assert report.exit_status() == 0 and len(report.blocks) == 3, report.format()
+    assert all(any(r.name.endswith("(input)") for r in block.rows) for _, block in report.blocks)  # hidden states only
+
+
+def test_a_rope_mistake_in_one_layer_is_named_in_its_block():
+    report = by_block.check_by_block(_keyword_decoder(MISTAKE="rope-interleaved"), "float32", programs=("jit",))
+    name, block = report.first_failing
+    assert name == "layers.1" and block.first_divergence.name == "layers.1.o_proj", report.format()
+
+
+def test_a_block_mode_failure_names_the_block_and_the_side():
+    spec = _keyword_decoder()
+    spec.block_to_jax = lambda hidden_states: (hidden_states,)  # takes no keyword arguments
+    with pytest.raises(testing.SpecError, match=r"--by-block, block layers\.0: the spec's block_to_jax failed on block "
+                                                r"layers\.0's recorded inputs: TypeError"):
+        by_block.check_by_block(spec, "float32", programs=("jit",))

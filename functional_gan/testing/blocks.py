@@ -195,15 +195,16 @@ def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) ->
     modules = dict(model.named_modules())
 
     def before(name):
-        def hook(_module, args):
+        def hook(_module, args, kwargs):
             if name in records:
                 raise SpecError(f"--by-block: the block {name} runs more than once in one forward pass (a block "
                                 "shared between places cannot be fed one input)")
             if not all(torch.is_tensor(a) for a in args):
                 kinds = ", ".join(type(a).__name__ for a in args)
-                raise SpecError(f"--by-block: the block {name} is called with ({kinds}); block by block takes blocks "
-                                "called with tensors only")
-            records[name] = {"inputs": tuple(a.detach().cpu().numpy().copy() for a in args)}
+                raise SpecError(f"--by-block: the block {name} is called with ({kinds}) as its positional arguments; "
+                                "block by block takes tensors there (anything else by keyword)")
+            records[name] = {"inputs": tuple(a.detach().cpu().numpy().copy() for a in args),
+                             "keywords": Keywords.of(kwargs)}
         return hook
 
     def after(name):
@@ -211,7 +212,7 @@ def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) ->
             outputs[name] = select_output(out, spec.block_output, f"PyTorch's block {name}")
         return hook
 
-    handles = [modules[n].register_forward_pre_hook(before(n)) for n in names]
+    handles = [modules[n].register_forward_pre_hook(before(n), with_kwargs=True) for n in names]
     handles += [modules[n].register_forward_hook(after(n)) for n in names]
     inputs = [torch.as_tensor(np.asarray(x)).double() if np.asarray(x).dtype.kind == "f" else torch.as_tensor(np.asarray(x))
               for x in spec.example_inputs()]
@@ -234,10 +235,54 @@ def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) ->
             records[name]["cotangent"] = value.detach().cpu().numpy().copy()
     if dtype == "float32":
         for record in records.values():
-            record["inputs"] = tuple(x.astype(np.float32) if x.dtype.kind == "f" else x for x in record["inputs"])
+            record["inputs"] = tuple(_narrowed(x) for x in record["inputs"])
+            record["keywords"] = record["keywords"].narrowed()
             if "cotangent" in record:
                 record["cotangent"] = record["cotangent"].astype(np.float32)
     return records
+
+
+def _narrowed(array: np.ndarray) -> np.ndarray:
+    """A float64 array in float32, its values beyond float32's range at its ends (an attention mask of float64's
+    ``finfo.min``: float32's, as the model in float32 makes it)."""
+    if array.dtype.kind != "f":
+        return array
+    limit = np.finfo(np.float32)
+    return np.clip(array, limit.min, limit.max).astype(np.float32)
+
+
+@dataclasses.dataclass
+class Keywords:
+    """A block's keyword arguments as PyTorch's model passed them (transformers' decoder layers take
+    ``attention_mask``, ``position_ids`` and ``position_embeddings=(cos, sin)`` by keyword): their tensors as arrays,
+    flattened in order (they follow the block's positional inputs in its spec's example inputs, each converted to the
+    check's dtype as inputs are), and everything else kept as it was (None, a flag, a cache object)."""
+
+    structure: Any  # torch.utils._pytree's spec of the keyword arguments (a dict)
+    leaves: list  # the leaves as they were, None where a tensor was
+    slots: tuple  # the positions of the tensors among the leaves
+    arrays: list  # the tensors, as arrays, in order
+
+    @classmethod
+    def of(cls, kwargs: dict) -> "Keywords":
+        from torch.utils import _pytree
+
+        flat, structure = _pytree.tree_flatten(dict(kwargs))
+        slots = tuple(i for i, leaf in enumerate(flat) if torch.is_tensor(leaf))
+        return cls(structure, [None if i in slots else leaf for i, leaf in enumerate(flat)], slots,
+                   [flat[i].detach().cpu().numpy().copy() for i in slots])
+
+    def narrowed(self) -> "Keywords":
+        return dataclasses.replace(self, arrays=[_narrowed(a) for a in self.arrays])
+
+    def rebuilt(self, arrays) -> dict:
+        """The keyword arguments with ``arrays`` where the tensors were."""
+        from torch.utils import _pytree
+
+        flat = list(self.leaves)
+        for slot, array in zip(self.slots, arrays):
+            flat[slot] = array
+        return _pytree.tree_unflatten(flat, self.structure)
 
 
 def _recorded_in_float64(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) -> tuple[dict, str]:
@@ -336,16 +381,44 @@ def _block_spec(spec: Spec, name: str, template: torch.nn.Module, port, record: 
     # the API's usual layout (Linen, NNX: channels-last); a function that builds the block: read off its output's shape
     channels_last = None if first is None else (apis._is_linen(first) or apis._is_nnx(first))
     inputs = record["inputs"]
-    changes = dict(torch_model=lambda: copy.deepcopy(template), jax_model=(lambda: port) if port_of is not None else port,
-                   example_inputs=lambda: inputs, example_targets=None, to_jax=spec.block_to_jax,
+    keywords: Keywords = record["keywords"]
+    count = len(inputs)
+
+    def torch_block():  # called as the model called it: its keyword arguments rebuilt from the inputs that follow
+        block = copy.deepcopy(template)
+        if keywords.leaves:
+            original = block.forward
+            block.forward = lambda *flat: original(*flat[:count], **keywords.rebuilt(flat[count:]))
+        return block
+
+    def block_to_jax(*args, **kwargs):  # the spec's, its failure said in block-mode words
+        try:
+            return spec.block_to_jax(*args, **kwargs)
+        except Exception as error:
+            given = f" (PyTorch's model called the block with the keyword arguments {', '.join(kwargs)}: " \
+                    "block_to_jax(*inputs, **keywords) is called with them)" if kwargs else ""
+            raise SpecError(f"the spec's block_to_jax failed on block {name}'s recorded inputs: "
+                            f"{type(error).__name__}: {error}{given}") from error
+
+    to_jax = block_to_jax if spec.block_to_jax is not None else None
+    if keywords.leaves:
+        if spec.block_to_jax is not None:
+            def to_jax(*flat):
+                return block_to_jax(*flat[:count], **keywords.rebuilt(flat[count:]))
+        else:  # the port's block takes the positional inputs, in the API's layout
+            def to_jax(*flat):
+                return default_to_jax(*flat[:count]) if channels_last else tuple(flat[:count])
+    changes = dict(torch_model=torch_block, jax_model=(lambda: port) if port_of is not None else port,
+                   example_inputs=lambda: (*inputs, *keywords.arrays), example_targets=None, to_jax=to_jax,
                    from_jax=spec.block_from_jax, param_map=None, jax_params=None, jax_apply=None, jax_state=None,
                    output=spec.block_output, blocks=None, name=f"{spec.name} [{name}]",
-                   torch_loss=None, jax_loss=None, torch_optimizer=None, jax_optimizer=None)
+                   torch_loss=None, jax_loss=None, torch_optimizer=None, jax_optimizer=None, block=name,
+                   positional=count)
     if "cotangent" in record:
         cotangent = record["cotangent"]
         moved = np.asarray(default_to_jax(cotangent)[0])
-        if spec.block_to_jax is not None:
-            chosen = np.asarray(spec.block_to_jax(cotangent)[0])
+        if spec.block_to_jax is not None:  # moved as the block's first input is: the same call, the cotangent first
+            chosen = np.asarray(block_to_jax(cotangent, *inputs[1:], **keywords.rebuilt(keywords.arrays))[0])
         elif channels_last is not None:
             chosen = moved if channels_last else cotangent
         else:
@@ -410,8 +483,11 @@ def _check_by_block(spec: Spec, dtype: str, steps: int, k: float, seed: int, pro
     del model  # what lies outside the blocks (an embedding of 50,257 × 768) is let go
     reports = []
     for name, port in blocks:
-        block_spec = _block_spec(spec, name, templates.pop(name), port, records.pop(name))
-        report = check_port(block_spec, dtype, steps, k, seed, programs or PROGRAMS)
+        try:
+            block_spec = _block_spec(spec, name, templates.pop(name), port, records.pop(name))
+            report = check_port(block_spec, dtype, steps, k, seed, programs or PROGRAMS)
+        except SpecError as error:  # which block, and (in the message) which side
+            raise type(error)(f"--by-block, block {name}: {error}") from error
         report.memory = report.converted = None
         # The block's loss, sum(output · cotangent), is the checker's own construction, not a quantity of the model (a
         # sum of B·T·C terms that cancel, whose float32 rounding depends on the order of summation alone): not judged.

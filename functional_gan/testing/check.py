@@ -185,6 +185,13 @@ def _quantities(run: _Run, seen: dict, jax_seen: dict, fed: dict | None, stages=
                    noise["after"][p.torch_key], None)
 
 
+def differentiated_inputs(spec: Spec, inputs) -> list[int]:
+    """INPUT_GRADIENTS: the positions of the inputs differentiated: the floating-point ones (under --by-block, among
+    the block's positional arguments only; its keyword arguments' arrays follow them, not differentiated)."""
+    limit = len(inputs) if spec.positional is None else spec.positional
+    return [i for i, x in enumerate(inputs[:limit]) if np.asarray(x).dtype.kind == "f"]
+
+
 def input_name(index: int, floats: int) -> str:
     """The name of the row of the gradient with respect to the model's input ``index`` (of ``floats`` compared)."""
     return "(input)" if floats == 1 else f"(input {index})"
@@ -353,23 +360,26 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
         try:
             moved = to_jax(*inputs)
         except Exception as error:
-            raise SpecError(f"the spec's to_jax failed on example_inputs(): {type(error).__name__}: {error}") from error
+            words = spec.words()
+            raise SpecError(f"the spec's {words['to_jax']} failed on {words['to_jax_on']}: {type(error).__name__}: "
+                            f"{error}") from error
         try:
             return on_jax(moved)
         except (TypeError, ValueError) as error:
-            raise SpecError(f"the spec's to_jax gave something that is not an array nor None ({error}): it must return "
-                            "a tuple of arrays, one per argument of the port") from error
+            raise SpecError(f"the spec's {spec.words()['to_jax']} gave something that is not an array nor None "
+                            f"({error}): it must return a tuple of arrays, one per argument of the port") from error
 
     if spec.input_gradients:
-        floats = [i for i, x in enumerate(inputs) if x.dtype.kind == "f"]
+        words = spec.words()
+        floats = [i for i in differentiated_inputs(spec, inputs)]
         moved = spec.to_jax(*inputs) if spec.to_jax is not None else None
         if not floats or spec.torch_loss is None:
-            raise SpecError("INPUT_GRADIENTS needs a floating-point input and a loss (torch_loss, jax_loss): the "
-                            "gradient compared is the loss's")
-        if moved is not None and (len(moved) != len(inputs) or any(np.asarray(moved[i]).dtype.kind != "f"
-                                                                    for i in floats)):
-            raise SpecError("INPUT_GRADIENTS pairs the inputs by position: to_jax must give one array per input, the "
-                            "floating-point ones in the same places")
+            raise SpecError(f"{words['input_gradients']} needs a floating-point input and a loss (torch_loss, "
+                            "jax_loss): the gradient compared is the loss's")
+        if moved is not None and ((len(moved) != len(inputs) and spec.positional is None)
+                                  or any(i >= len(moved) or np.asarray(moved[i]).dtype.kind != "f" for i in floats)):
+            raise SpecError(f"{words['input_gradients']} pairs the inputs by position: {words['to_jax']} must give "
+                            "one array per input, the floating-point ones in the same places")
     try:
         adapter = apis.adapter_for(spec, jax_inputs, seed)
     except UserError as error:
@@ -602,7 +612,8 @@ def _run_program(run: _Run, function, program: str, before: dict, opt_state, fir
         if run.adapter.channels_last and run.spec.to_jax is None and any(np.ndim(x) >= 3 for x in run.inputs):
             hints.append("its inputs of 3 or more dimensions were moved channels-last; to_jax says otherwise")
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise SpecError(f"the port's step ({_program_words((program,))}) failed on the example inputs: "
+        words = run.spec.words()
+        raise SpecError(f"{words['port']} ({_program_words((program,))}) failed on {words['inputs']}: "
                         f"{type(error).__name__}: {message}" + (f" ({'; '.join(hints)})" if hints else "")) from error
 
 
@@ -996,8 +1007,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                 if step > 1:
                     raise
                 message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                raise SpecError(f"the spec's PyTorch step (torch_model() on example_inputs(), torch_loss, "
-                                f"torch_optimizer) failed: {type(error).__name__}: {message}") from error
+                raise SpecError(f"{spec.words()['torch_step']} failed: {type(error).__name__}: {message}") from error
             run.layer_shapes.update({name: np.shape(value) for name, value in seen["ref"]["layers"].items()})
             if last:  # PyTorch's runs for its own error are done (float64's other memory layout: a model let go), and
                 # the working models with them, but where an optimizer fed the port's gradients holds one from an

@@ -32,8 +32,10 @@ def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state:
             return seen
 
         # INPUT_GRADIENTS: the floating-point inputs are differentiated too, by position
-        floats = {i: x for i, x in enumerate(inputs) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)} \
-            if spec.input_gradients else {}
+        # (under --by-block, the block's positional inputs only: its keyword arguments' arrays follow them)
+        limit = len(inputs) if spec.positional is None else spec.positional
+        floats = {i: x for i, x in enumerate(inputs[:limit])
+                  if x is not None and jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)} if spec.input_gradients else {}
 
         def loss_fn(params, differentiated):
             given = tuple(differentiated.get(i, x) for i, x in enumerate(inputs))

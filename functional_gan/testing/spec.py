@@ -58,6 +58,27 @@ class Spec:
     # by block: a block's input gradient is what it passes to the blocks before it)
     input_gradients: bool = False
     name: str = "spec"
+    # set by --by-block for each block's own spec: the block's name (the messages speak of it, not of the spec's
+    # functions), and how many leading inputs are the block's positional arguments (the rest are its keyword
+    # arguments' arrays; only the positional ones are differentiated for INPUT_GRADIENTS)
+    block: str | None = None
+    positional: int | None = None
+
+    def words(self) -> dict[str, str]:
+        """How messages name this spec's pieces: the whole model's (``torch_model()``, ``example_inputs()``,
+        ``to_jax``), or a block's under --by-block (PyTorch's block, its recorded inputs, ``block_to_jax``)."""
+        if self.block is None:
+            return {"torch_step": "the spec's PyTorch step (torch_model() on example_inputs(), torch_loss, "
+                                  "torch_optimizer)",
+                    "inputs": "the example inputs", "to_jax_on": "example_inputs()", "to_jax": "to_jax",
+                    "port": "the port's step",
+                    "input_gradients": "INPUT_GRADIENTS"}
+        return {"torch_step": f"PyTorch's block {self.block} (on the inputs and keyword arguments the whole model's "
+                              "float64 run gave it, with the loss sum(output · cotangent))",
+                "inputs": f"block {self.block}'s recorded inputs", "to_jax_on": f"block {self.block}'s recorded inputs",
+                "to_jax": "block_to_jax",
+                "port": f"the port's block for {self.block}",
+                "input_gradients": "by-block's input gradients (of the block's positional inputs)"}
 
 
 REQUIRED = ("torch_model", "example_inputs")

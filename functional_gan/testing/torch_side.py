@@ -210,7 +210,8 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
         model.zero_grad(set_to_none=True)
     leaves = {}
     if spec.input_gradients and spec.torch_loss is not None:  # the floating-point inputs differentiated, by position
-        leaves = {i: t.detach().requires_grad_(True) for i, t in enumerate(tensors) if t.is_floating_point()}
+        limit = len(tensors) if spec.positional is None else spec.positional  # --by-block: the positional ones
+        leaves = {i: t.detach().requires_grad_(True) for i, t in enumerate(tensors[:limit]) if t.is_floating_point()}
         # the model takes a copy (an exact one, whose gradient is the leaf's): a module that changes its input in
         # place may, as without INPUT_GRADIENTS
         tensors = [leaves[i].clone() if i in leaves else t for i, t in enumerate(tensors)]
