@@ -447,3 +447,29 @@ def test_an_equinox_layernorm_pairs_by_definition_order_and_has_its_row():
     report = testing.check_port(spec, "float64")
     assert report.passed and [p.jax_name for p in report.pairings][2:4] == ["params/ln/weight", "params/ln/bias"]
     assert [r.name for r in report.rows if r.stage == "forward"] == ["fc1", "ln", "fc2"], report.format()
+
+
+def test_an_update_that_diverges_by_weight_decay_alone_is_told_so():
+    """torch.optim.AdamW's default weight_decay is 0.01, optax.adamw's 1e-4: the gradients agree, the updates do not,
+    and the report measures both decays (one step from zero gradients) and says so."""
+    import optax
+
+    class Port(fnn.Module):
+        @fnn.compact
+        def __call__(self, x):
+            return fnn.Dense(2)(jnp.tanh(fnn.Dense(8)(x)))
+
+    def spec(weight_decay):
+        return testing.Spec(
+            lambda: torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)), jax_model=Port,
+            example_inputs=lambda: (np.random.default_rng(0).normal(size=(16, 5)).astype(np.float32),),
+            example_targets=lambda: (np.random.default_rng(1).normal(size=(16, 2)).astype(np.float32),),
+            torch_loss=lambda o, x, t: ((o - t) ** 2).mean(), jax_loss=lambda o, x, t: ((o - t) ** 2).mean(),
+            torch_optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
+            jax_optimizer=lambda: optax.adamw(1e-3, **weight_decay))
+
+    report = testing.check_port(spec({}), "float32", programs=("jit",))
+    assert report.first_divergence.stage == "update", report.format()
+    assert "the optimizers' weight decays differ: with zero gradients PyTorch's shrinks each weight by 1e-05 of itself " \
+           "a step and the port's by 1e-07" in report.format()
+    assert_agrees(testing.check_port(spec({"weight_decay": 0.01}), "float32", programs=("jit",)))

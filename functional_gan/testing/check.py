@@ -63,6 +63,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import math
 import sys
 import warnings
 from typing import Any, Callable
@@ -918,7 +919,33 @@ def _known_causes(run: _Run, report: Report) -> dict:
                 "the port's module there is Flax's own BatchNorm, which weighs the old running average by its momentum "
                 "(0.9 means PyTorch's 0.1) and keeps the biased batch variance, where PyTorch keeps the unbiased one; "
                 "a port of PyTorch's BatchNorm writes its own (examples/port/resnet_basic.py: TorchBatchNorm)")
+    updates = [r for r in report.rows if r.diverged and r.key[0] == "update"]
+    if updates and not any(r.diverged for r in report.rows if r.key[0] in ("forward", "output", "loss", "gradient")):
+        decay = _weight_decays(run)
+        if decay is not None and not math.isclose(*decay, rel_tol=1e-3):
+            for row in updates:
+                hints[row.key] = (
+                    f"the optimizers' weight decays differ: with zero gradients PyTorch's shrinks each weight by "
+                    f"{decay[0]:.3g} of itself a step and the port's by {decay[1]:.3g} (lr × weight_decay; "
+                    "torch.optim.AdamW's default weight_decay is 0.01, optax.adamw's 1e-4: give both the same)")
     return hints
+
+
+def _weight_decays(run: _Run) -> tuple[float, float] | None:
+    """How much each side's optimizer shrinks a weight in one step with zero gradients (lr × a decoupled weight
+    decay, as AdamW's; 0 without one), measured on a vector of ones, or None where either cannot be run so."""
+    try:
+        weight = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
+        optimizer = run.spec.torch_optimizer([weight])
+        weight.grad = torch.zeros_like(weight)
+        optimizer.step()
+        torch_shrink = float(1 - weight.detach()[0])
+        jax_optimizer = run.spec.jax_optimizer()
+        ones = {"w": jnp.ones(4, jnp.float32)}
+        updates, _ = jax_optimizer.update({"w": jnp.zeros(4, jnp.float32)}, jax_optimizer.init(ones), ones)
+        return torch_shrink, float(-np.asarray(updates["w"])[0])
+    except Exception:  # an optimizer that needs more than a list of parameters, or state of its own
+        return None
 
 
 def _verified_causes(run: _Run, report: Report) -> dict:
@@ -1089,7 +1116,10 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                                   "float64 inputs and parameters: a dtype fixed inside the port, such as a Flax "
                                   "module's dtype=jnp.float32, or a cast), so JAX's own float32 error cannot be measured "
                                   "and nothing beyond tolerance can be called precision; make the port compute in the "
-                                  "dtype of its inputs (dtype=None) to have it measured")
+                                  "dtype of its inputs to have it measured (dtype=None; an NNX layer built with "
+                                  "param_dtype=jnp.zeros(()).dtype, which is the check's dtype while it builds: "
+                                  "nnx.Embed takes its param_dtype, float32 by default, as its dtype when dtype=None, "
+                                  "so set its .dtype = None after building)")
                     else:  # kept as numbers; the twin is let go before the update stage's runs
                         reference_gradients()
                         measures = _twin_measures(run, seen, outcome, twin)
