@@ -380,10 +380,14 @@ def test_layers_called_with_keyword_arguments_are_checked_as_the_model_calls_the
     assert all(any(r.name.endswith("(input)") for r in block.rows) for _, block in report.blocks)  # hidden states only
 
 
-def test_a_rope_mistake_in_one_layer_is_named_in_its_block():
+def test_a_rope_mistake_in_one_layer_is_named_in_its_block_at_the_rope_tap():
     report = by_block.check_by_block(_keyword_decoder(MISTAKE="rope-interleaved"), "float32", programs=("jit",))
     name, block = report.first_failing
-    assert name == "layers.1" and block.first_divergence.name == "layers.1.o_proj", report.format()
+    assert name == "layers.1" and block.first_divergence.name == "layers.1:rope[0]", report.format()
+    # without the taps, the first row it shows in is the attention's output projection
+    report = by_block.check_by_block(_keyword_decoder(MISTAKE="rope-interleaved", TAPS=None), "float32",
+                                     programs=("jit",))
+    assert report.first_failing[1].first_divergence.name == "layers.1.o_proj", report.format()
 
 
 def test_a_block_mode_failure_names_the_block_and_the_side():

@@ -91,6 +91,21 @@ def test_a_mistake_after_an_island_is_still_named(dtype):
     assert first is not None and (first.stage, first.name) == ("forward", "norm2"), report.format()
 
 
+@pytest.mark.parametrize("mistake,row", [("rope-interleaved", "layers.1:rope[0]"), ("gqa-tiled", "layers.0:repeat_kv[0]")])
+def test_attention_mistakes_are_named_at_the_tapped_functions_rows(mistake, row):
+    """TAPS: each side's rotary embedding and key/value repeat recorded per call and paired in order: an interleaved
+    RoPE and a tiled GQA, both first seen at o_proj without them, are named apart."""
+    report = port.check_port(_spec("keyword_decoder", MISTAKE=mistake), "float32", programs=("jit",))
+    assert (report.first_divergence.stage, report.first_divergence.name) == ("forward", row), report.format()
+
+
+def test_a_correct_port_with_taps_agrees_with_a_row_per_tapped_tensor():
+    report = port.check_port(_spec("keyword_decoder"), "float64", programs=("jit",))
+    _agrees(report)
+    names = [r.name for r in report.rows if r.stage == "forward"]
+    assert names[5:9] == ["layers.0:rope[0]", "layers.0:rope[1]", "layers.0:repeat_kv[0]", "layers.0:repeat_kv[1]"], names
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_mistake_in_the_transposed_layer_is_named_at_it(dtype):
     report = port.check_port(_spec("transposed_proj", MISTAKE="proj-without-bias"), dtype, programs=("jit",))
@@ -193,3 +208,12 @@ def test_from_jax_is_applied_to_an_output_object_before_it_is_compared():
     report = port.check_port(spec, "float32", programs=("jit",))
     _agrees(report)
     assert any(r.stage == "output" for r in report.rows)
+
+
+def test_without_taps_a_rope_mistake_is_named_at_o_proj_and_the_lopsided_gradients_point_at_it():
+    report = port.check_port(_spec("keyword_decoder", MISTAKE="rope-interleaved", TAPS=None), "float32",
+                             programs=("jit",))
+    assert report.first_divergence.name == "layers.1.o_proj", report.format()
+    lopsided = [n for n in report.notes if n.startswith("among layers.1's weight gradients, q_proj.weight and "
+                                                        "k_proj.weight are")]
+    assert lopsided and "rotary embedding" in lopsided[0], report.notes

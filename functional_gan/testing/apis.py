@@ -49,9 +49,12 @@ def tap(name: str, value):
 
 @contextlib.contextmanager
 def _taps(record: dict):
+    from .taps import port_counting
+
     _TAPS.append(record)
     try:
-        yield record
+        with port_counting():  # a spec's tapped functions (TAPS) numbered from 0 in each capture
+            yield record
     finally:
         _TAPS.pop()
 
@@ -437,12 +440,14 @@ def _linen_adapter(spec, model, inputs, seed) -> Adapter:
             return method_name == "__call__" and _current_trace() is level
 
         captured = outermost if capture else False
-        with _linen_nested_calls() if capture else contextlib.nullcontext():
+        tapped: dict = {}  # a spec's tapped functions' outputs (TAPS)
+        with _linen_nested_calls() if capture else contextlib.nullcontext(), \
+                _taps(tapped) if capture else contextlib.nullcontext():
             if spec.jax_apply is not None:
                 output, state = spec.jax_apply(model, full, *inputs, capture_intermediates=captured)
             else:
                 output, state = model.apply(full, *inputs, **mode, capture_intermediates=captured, mutable=mutable)
-        layers = _intermediates(state.get("intermediates", {})) if capture else {}
+        layers = {**_intermediates(state.get("intermediates", {})), **tapped} if capture else {}
         new_carry = {c: state.get(c, v) for c, v in carry.items()}
         return output, dict(state.get("batch_stats", {})), layers, new_carry
 
@@ -540,8 +545,10 @@ def _nnx_adapter(spec, model) -> Adapter:
     def apply(tree, inputs, capture):
         net = build(tree)
         if capture:
-            output, captured = nnx.capture(net, nnx.Intermediate, method_outputs=nnx.Intermediate)(*inputs)
-            layers = _intermediates(nnx.to_pure_dict(captured))
+            tapped: dict = {}  # a spec's tapped functions' outputs (TAPS)
+            with _taps(tapped):
+                output, captured = nnx.capture(net, nnx.Intermediate, method_outputs=nnx.Intermediate)(*inputs)
+            layers = {**_intermediates(nnx.to_pure_dict(captured)), **tapped}
             layers.pop((), None)
         else:
             output, layers = net(*inputs), {}

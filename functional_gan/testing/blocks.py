@@ -448,6 +448,8 @@ def _in_model(block: str, row: str) -> str:
     gradient as ``block (input)``, a layer by its dotted path."""
     if row == "output":
         return block
+    if row.startswith(":"):  # a tapped function's output in the block itself (TAPS): "layers.1:rope[0]"
+        return f"{block}{row}"
     return f"{block} {row}" if row.startswith("(input") else f"{block}.{row}"
 
 

@@ -76,7 +76,7 @@ import torch
 from functional_gan.comparisons.judge import DEFAULT_K, Measured, Row, TwinMeasured, compare, relative_error
 from functional_gan.errors import UserError
 
-from . import apis, widen
+from . import apis, taps, widen
 from .jax_side import _check_dtypes, _jax_step_function
 from .pairing import (Pairing, _get, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
                       torch_in_flax_layout, transfer, variables_from_torch)
@@ -559,6 +559,8 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
                                              error_of(name, value, ref["layers"][layer]))
         seen = _torch_step(run.spec, model, opt, inputs_of(name), run.targets, _torch_dtype(name), run.layer_paths,
                            run.permutations.get(name), layout=name == "t64-layout", sink=sink, mode=mode)
+        if name == "ref":  # a tapped function's rows (TAPS), paired with the port's values in order
+            run.layer_paths.update(seen.pop("tap_paths", {}))
         if name == "ref" and run.torch_islands is None:
             run.torch_islands = islands.found
             if islands.found and run.make_working is not None:
@@ -931,6 +933,29 @@ def _known_causes(run: _Run, report: Report) -> dict:
     return hints
 
 
+def _lopsided_gradients(report: Report, apart: float = 10.0) -> list[str]:
+    """Where a divergence reaches the weight gradients of sibling layers (one parent module) unevenly, some ``apart``
+    times further off than the nearest, a line saying so: the mistake lies on the far ones' path alone (queries' and
+    keys' projections far worse than values': between them and the attention scores, a rotary embedding say)."""
+    groups: dict[str, list[Row]] = {}
+    for row in report.rows:
+        if row.diverged and row.key[0] == "gradient" and row.name.endswith(".weight") and row.name.count(".") >= 2:
+            groups.setdefault(row.name.rsplit(".", 2)[0], []).append(row)
+    lines = []
+    for parent, rows in groups.items():
+        nearest = min(rows, key=lambda r: r.port_error)
+        far = [r for r in rows if nearest.port_error > 0 and r.port_error >= apart * nearest.port_error]
+        if len(rows) >= 3 and far and len(far) < len(rows) - 1:
+            times = [r.port_error / nearest.port_error for r in far]
+            names = " and ".join(r.name[len(parent) + 1:] for r in far)
+            lines.append(f"among {parent}'s weight gradients, {names} {'is' if len(far) == 1 else 'are'} "
+                         f"{min(times):.0f}–{max(times):.0f}× further from PyTorch's than "
+                         f"{nearest.name[len(parent) + 1:]}: the mistake lies on their path alone (queries' and keys' "
+                         "projections far worse than the values': between them and the attention scores, a rotary "
+                         "embedding say; TAPS can give it rows)")
+    return lines
+
+
 def _weight_decays(run: _Run) -> tuple[float, float] | None:
     """How much each side's optimizer shrinks a weight in one step with zero gradients (lr × a decoupled weight
     decay, as AdamW's; 0 without one), measured on a vector of ones, or None where either cannot be run so."""
@@ -985,7 +1010,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
     # Full float32 on GPUs/TPUs (no TF32 or bf16 passes, no effect on CPUs): PyTorch's side runs on the CPU, and its
     # float32 noise is the yardstick.
     with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext(), \
-            jax.default_matmul_precision("highest"), old_objects_frozen():
+            jax.default_matmul_precision("highest"), old_objects_frozen(), taps.installed(taps.validate(spec.taps)):
         phases = Phases()
         run = _prepare(spec, dtype, k, seed, programs, torch_state)
         jax.clear_caches()  # the programs of the port's construction (run op by op, as NNX and Equinox build models)
@@ -1192,7 +1217,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     rows[programs[1]] if len(programs) > 1 else [], jax_build(), len(seen["ref"]["layers"]), uncaptured,
                     carried=run.adapter.carried if steps > 1 else "", steps=steps)
     report.hints = _known_causes(run, report)
-    report.notes = sorted(run.notes)
+    report.notes = sorted(run.notes) + _lopsided_gradients(report)
     report.converted = converted if export else None
     report.train = spec.train
     report.tied = run.tied

@@ -57,6 +57,9 @@ class Spec:
     # INPUT_GRADIENTS: the gradient of the loss with respect to each floating-point input compared too (always, block
     # by block: a block's input gradient is what it passes to the blocks before it)
     input_gradients: bool = False
+    # TAPS: {name: (PyTorch's function, the port's function)}, each "module:function": their outputs compared, per call
+    # (functional_gan.testing.taps)
+    taps: dict | None = None
     name: str = "spec"
     # set by --by-block for each block's own spec: the block's name (the messages speak of it, not of the spec's
     # functions), and how many leading inputs are the block's positional arguments (the rest are its keyword
@@ -84,7 +87,8 @@ class Spec:
 REQUIRED = ("torch_model", "example_inputs")
 PAIRS = (("torch_loss", "jax_loss"), ("torch_optimizer", "jax_optimizer"))
 CONSTANTS = {"TRAIN": "train", "PER_SAMPLE": "per_sample", "BATCH_AXIS": "batch_axis", "OUTPUT": "output",
-             "BLOCK_OUTPUT": "block_output", "BLOCKS": "blocks", "INPUT_GRADIENTS": "input_gradients"}
+             "BLOCK_OUTPUT": "block_output", "BLOCKS": "blocks", "INPUT_GRADIENTS": "input_gradients",
+             "TAPS": "taps"}
 
 
 def _fields_of(value) -> list[str]:

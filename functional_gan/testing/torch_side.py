@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .memory import _LIBC, trim
 from .pairing import Pairing
 from .spec import Spec, call_loss, select_output
+from .taps import TorchTaps, as_array
 
 
 def _torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
@@ -215,11 +216,21 @@ def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_lay
         # the model takes a copy (an exact one, whose gradient is the leaf's): a module that changes its input in
         # place may, as without INPUT_GRADIENTS
         tensors = [leaves[i].clone() if i in leaves else t for i, t in enumerate(tensors)]
-    with mode if mode is not None else contextlib.nullcontext():
+    def emit(row, value):  # a tapped function's output (taps.py), as a layer's
+        if sink is not None:
+            if row not in outputs:
+                outputs[row] = None
+                sink(row, unpermute(as_array(value)))
+            return
+        outputs.setdefault(row, unpermute(as_array(value)))
+
+    tapped = TorchTaps(model, emit) if spec.taps else contextlib.nullcontext()
+    with mode if mode is not None else contextlib.nullcontext(), tapped:
         output = select_output(model(*tensors), spec.output, "PyTorch's model")
     for h in handles:
         h.remove()
-    seen = {"layers": outputs if sink is None else {}, "output": unpermute(output.detach().double().cpu().numpy().copy())}
+    seen = {"layers": outputs if sink is None else {}, "output": unpermute(output.detach().double().cpu().numpy().copy()),
+            "tap_paths": tapped.paths if spec.taps else {}}
     if spec.torch_loss is not None:
         with mode if mode is not None else contextlib.nullcontext():
             loss = call_loss(spec.torch_loss, "torch_loss", output, tensors, target_tensors)

@@ -16,7 +16,7 @@ from flax import nnx
 
 D, HEADS, KV_HEADS, LAYERS, VOCAB, T, B = 32, 4, 2, 3, 50, 8, 2
 HEAD = D // HEADS
-MISTAKE = None  # planted for the tests: "rope-interleaved" in layer 1 of the port
+MISTAKE = None  # planted for the tests: "rope-interleaved" in layer 1 of the port, or "gqa-tiled" in every layer
 
 
 def _tables(positions):
@@ -29,6 +29,16 @@ def _tables(positions):
 def _rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin):  # transformers' Llama
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def repeat_kv(hidden_states, n_rep):  # transformers' Llama: each key/value head repeated n_rep times, in place
+    batch, heads, tokens, dim = hidden_states.shape
+    expanded = hidden_states[:, :, None, :, :].expand(batch, heads, n_rep, tokens, dim)
+    return expanded.reshape(batch, heads * n_rep, tokens, dim)
 
 
 class Layer(torch.nn.Module):
@@ -50,9 +60,8 @@ class Layer(torch.nn.Module):
         q = self.q_proj(h).view(b, t, HEADS, HEAD).transpose(1, 2)
         k = self.k_proj(h).view(b, t, KV_HEADS, HEAD).transpose(1, 2)
         v = self.v_proj(h).view(b, t, KV_HEADS, HEAD).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        k = k.repeat_interleave(HEADS // KV_HEADS, dim=1)
-        v = v.repeat_interleave(HEADS // KV_HEADS, dim=1)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k, v = repeat_kv(k, HEADS // KV_HEADS), repeat_kv(v, HEADS // KV_HEADS)
         scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD) + attention_mask
         out = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, t, D)
         x = hidden_states + self.o_proj(out)
@@ -74,6 +83,12 @@ class Decoder(torch.nn.Module):
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_embeddings=(cos, sin), use_cache=False)
         return self.lm_head(self.norm(h))
+
+
+def port_repeat_kv(x, n_rep):
+    if MISTAKE == "gqa-tiled":  # the mistake: the heads tiled (0, 1, 0, 1) instead of each repeated (0, 0, 1, 1)
+        return jnp.tile(x, (1, n_rep, 1, 1))
+    return jnp.repeat(x, n_rep, axis=1)
 
 
 def _rope(x, cos, sin, interleaved=False):
@@ -107,7 +122,7 @@ class PortLayer(nnx.Module):
         v = self.v_proj(h).reshape(b, t, KV_HEADS, HEAD).transpose(0, 2, 1, 3)
         wrong = MISTAKE == "rope-interleaved" and self.index == 1
         q, k = _rope(q, cos, sin, wrong), _rope(k, cos, sin, wrong)
-        k, v = jnp.repeat(k, HEADS // KV_HEADS, axis=1), jnp.repeat(v, HEADS // KV_HEADS, axis=1)
+        k, v = port_repeat_kv(k, HEADS // KV_HEADS), port_repeat_kv(v, HEADS // KV_HEADS)
         scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(HEAD) + mask
         out = (nnx.softmax(scores, -1) @ v).transpose(0, 2, 1, 3).reshape(b, t, D)
         x = x + self.o_proj(out)
@@ -118,6 +133,7 @@ class PortDecoder(nnx.Module):
     def __init__(self, rngs):
         dtype = jnp.zeros(()).dtype
         self.embed_tokens = nnx.Embed(VOCAB, D, param_dtype=dtype, rngs=rngs)
+        self.embed_tokens.dtype = None  # computes in its table's dtype (built, nnx.Embed takes param_dtype as dtype)
         self.layers = nnx.List([PortLayer(i, rngs) for i in range(LAYERS)])
         self.norm = nnx.LayerNorm(D, epsilon=1e-5, use_fast_variance=False, param_dtype=dtype, rngs=rngs)
         self.lm_head = nnx.Linear(D, VOCAB, use_bias=False, param_dtype=dtype, rngs=rngs)
@@ -159,6 +175,10 @@ def jax_loss(logits, ids, targets):
     import optax
 
     return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, VOCAB), targets.reshape(-1)).mean()
+
+
+# Rows inside attention: each side's rotary embedding and key/value repeat, paired call by call
+TAPS = {"rope": (apply_rotary_pos_emb, _rope), "repeat_kv": (repeat_kv, port_repeat_kv)}
 
 
 def block_to_jax(hidden_states, attention_mask=None, position_embeddings=None, use_cache=False):

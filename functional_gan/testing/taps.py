@@ -1,0 +1,185 @@
+"""Rows inside a layer: functions a spec names on each side (``TAPS``), recorded per call and paired in order.
+
+Attention has no modules of its own between its projections and its output: a rotary embedding written interleaved
+instead of rotate-half, or grouped-query attention that tiles the key/value heads instead of repeating each, shows
+first at ``o_proj``, and the two look alike there. A spec names the functions that do that work on each side::
+
+    TAPS = {"rope": ("transformers.models.llama.modeling_llama:apply_rotary_pos_emb", "my_port:apply_rope"),
+            "repeat_kv": ("transformers.models.llama.modeling_llama:repeat_kv", "my_port:repeat_kv")}
+
+Each target is ``"module:function"``, a module-level function itself (a spec's own), or ``(object, "attribute")``,
+replaced while the check runs by a wrapper that
+records every call's output: PyTorch's by the innermost module running it (rows named
+``model.layers.0.self_attn:rope[0]``, one per tensor of its output, in order), the port's through :func:`.apis.tap`.
+The n-th tensor PyTorch's function gave is paired with the n-th the port's gave: a function returning ``(q, k)`` on
+one side and called once for q and once for k on the other pairs alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from .spec import SpecError
+
+ROOT = "__tap__"  # the first element of a tapped value's path among the port's layer outputs
+_TORCH: list["TorchTaps"] = []  # the PyTorch recorders under way (innermost last)
+_COUNTS: list[dict] = []  # per capture of the port's outputs, how many values each tap has given
+
+
+class _Globals:
+    """A function's module namespace (its ``__globals__``) as an object whose attributes can be replaced: a spec
+    loaded from a file names its own functions, whose module need not be importable by name."""
+
+    def __init__(self, namespace: dict):
+        object.__setattr__(self, "namespace", namespace)
+
+    def __getattr__(self, name):
+        return self.namespace[name]
+
+    def __setattr__(self, name, value):
+        self.namespace[name] = value
+
+
+def _resolve(target) -> tuple[Any, str]:
+    if isinstance(target, tuple) and len(target) == 2 and isinstance(target[1], str):
+        return target
+    if callable(target) and hasattr(target, "__globals__") and "." not in target.__qualname__:
+        return _Globals(target.__globals__), target.__name__  # replaced where its own module's code looks it up
+    if isinstance(target, str) and ":" in target:
+        module, attribute = target.split(":", 1)
+        try:
+            owner = importlib.import_module(module)
+        except ImportError as error:
+            raise SpecError(f"TAPS: cannot import {module!r} ({error})") from error
+        for part in attribute.split(".")[:-1]:
+            owner = getattr(owner, part)
+        return owner, attribute.split(".")[-1]
+    raise SpecError(f"TAPS: a target is 'module:function', a module-level function, or (object, 'attribute'), got "
+                    f"{target!r}")
+
+
+def validate(taps) -> dict:
+    if taps is None:
+        return {}
+    if not isinstance(taps, dict) or not all(isinstance(v, (tuple, list)) and len(v) == 2 for v in taps.values()):
+        raise SpecError("TAPS must be a dict {name: (PyTorch's function, the port's function)}, each as "
+                        "'module:function'")
+    for name, (torch_target, port_target) in taps.items():
+        for side, target in (("PyTorch's", torch_target), ("the port's", port_target)):
+            owner, attribute = _resolve(target)
+            if not callable(getattr(owner, attribute, None)):
+                raise SpecError(f"TAPS[{name!r}]: {side} {target!r} is not a function")
+    return dict(taps)
+
+
+@contextlib.contextmanager
+def installed(taps: dict):
+    """While active, each tapped function on both sides records its outputs (when a recorder is collecting)."""
+    patched = []
+    try:
+        for name, (torch_target, port_target) in taps.items():
+            for side, target in (("torch", torch_target), ("port", port_target)):
+                owner, attribute = _resolve(target)
+                original = getattr(owner, attribute)
+                wrapper = _torch_wrapper(name, original) if side == "torch" else _port_wrapper(name, original)
+                setattr(owner, attribute, wrapper)
+                patched.append((owner, attribute, original))
+        yield
+    finally:
+        for owner, attribute, original in reversed(patched):
+            setattr(owner, attribute, original)
+
+
+def _tensors(out) -> list:
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    return [out] if hasattr(out, "shape") else []
+
+
+def _torch_wrapper(name: str, original):
+    def wrapper(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if _TORCH:
+            _TORCH[-1].record(name, _tensors(out))
+        return out
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def _port_wrapper(name: str, original):
+    from .apis import tap
+
+    def wrapper(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if _COUNTS:
+            counts = _COUNTS[-1]
+            for value in _tensors(out):
+                n = counts.get(name, 0)
+                counts[name] = n + 1
+                tap(f"{ROOT}/{name}/{n}", value)
+        return out
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+@contextlib.contextmanager
+def port_counting():
+    """The port's tapped values numbered from 0 within one capture of its outputs."""
+    _COUNTS.append({})
+    try:
+        yield
+    finally:
+        _COUNTS.pop()
+
+
+class TorchTaps:
+    """Records, during one PyTorch step, each tapped function's output tensors by the innermost module of ``model``
+    running it; ``found``: {row name: (value, the port's path)} in call order, handed to ``emit``."""
+
+    def __init__(self, model: torch.nn.Module, emit):
+        self.names = {id(m): name for name, m in model.named_modules()}
+        self.model, self.emit = model, emit
+        self.stack: list[str] = []
+        self.counts: dict[str, int] = {}  # per tap: values given so far (the pairing with the port's)
+        self.within: dict[tuple[str, str], int] = {}  # per (module, tap): values given (the row's index)
+        self.paths: dict[str, tuple] = {}
+        self.handles = []
+
+    def __enter__(self):
+        def push(module, _args):
+            self.stack.append(self.names.get(id(module), ""))
+
+        def pop(_module, _args, _out):
+            if self.stack:
+                self.stack.pop()
+
+        for module in self.model.modules():
+            self.handles += [module.register_forward_pre_hook(push), module.register_forward_hook(pop)]
+        _TORCH.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _TORCH.remove(self)
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def record(self, name: str, values: list) -> None:
+        where = self.stack[-1] if self.stack else ""
+        for value in values:
+            n = self.counts.get(name, 0)
+            self.counts[name] = n + 1
+            i = self.within.get((where, name), 0)
+            self.within[where, name] = i + 1
+            row = f"{where}:{name}[{i}]"  # ":rope[0]" where the model itself runs it (a block checked alone)
+            self.paths[row] = (ROOT, name, str(n))
+            self.emit(row, value)
+
+
+def as_array(value) -> np.ndarray:
+    return value.detach().double().cpu().numpy().copy()
