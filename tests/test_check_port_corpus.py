@@ -217,3 +217,13 @@ def test_without_taps_a_rope_mistake_is_named_at_o_proj_and_the_lopsided_gradien
     lopsided = [n for n in report.notes if n.startswith("among layers.1's weight gradients, q_proj.weight and "
                                                         "k_proj.weight are")]
     assert lopsided and "rotary embedding" in lopsided[0], report.notes
+
+
+def test_the_first_pages_minimal_spec_agrees_and_its_gelu_mistake_is_named(capsys):
+    """docs/check-port.md's first page: examples/port/minimal.py exits 0, minimal_mistake.py (Flax's tanh GELU) 1."""
+    from functional_gan.main import main
+
+    examples = Path(__file__).resolve().parents[1] / "examples" / "port"
+    assert main(["check-port", str(examples / "minimal.py"), "--program", "jit"]) == 0
+    assert main(["check-port", str(examples / "minimal_mistake.py"), "--program", "jit"]) == 1
+    assert "First divergence: forward, 2:" in capsys.readouterr().out

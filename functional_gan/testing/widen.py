@@ -145,7 +145,10 @@ def _apply(eqn, invals: list, wide) -> list:
 
 def _scan(params, invals, wide) -> list:
     body, body_consts = _closed(params["jaxpr"])
-    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    if "num_consts" in params:
+        n_consts, n_carry = params["num_consts"], params["num_carry"]
+    else:  # jax 0.12: the operands' grouping (consts, carry, xs) as a flat tree
+        n_consts, n_carry = (len(list(group.vals)) for group in params["ft_in"].unpack()[:2])
     consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
     init = [_widen(x, wide) for x in init]
 
