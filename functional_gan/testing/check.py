@@ -221,13 +221,13 @@ FLOAT32_TO_64 = float(np.finfo(np.float64).eps / np.finfo(np.float32).eps)  # 2�
 
 
 def _port_variation(run: _Run, seen: dict, jax_seen: dict, variant: dict | None) -> dict:
-    """float64: the port's own rounding error, quantity by quantity up to the gradients, estimated from its program in
-    float32 (:func:`_port_variant`): ``max |JAX₃₂ − JAX₆₄|`` of this program's outcome (``jax_seen``), times
-    eps₆₄/eps₃₂ (2⁻²⁹), kept as numbers not yet divided by each quantity's scale."""
+    """float64: the port's own rounding error, quantity by quantity up to the gradients and the buffers, estimated
+    from its program in float32 (:func:`_port_variant`): ``max |JAX₃₂ − JAX₆₄|`` of this program's outcome
+    (``jax_seen``), times eps₆₄/eps₃₂ (2⁻²⁹), kept as numbers not yet divided by each quantity's scale."""
     if variant is None:
         return {}
     return {(stage, name): TwinMeasured(relative_error(b, a, scale=1.0) * FLOAT32_TO_64, np.shape(a))
-            for stage, name, a, b, _ in _paired(run, seen, jax_seen, variant, BEFORE_UPDATE)}
+            for stage, name, a, b, _ in _paired(run, seen, jax_seen, variant, BEFORE_UPDATE + ("buffer",))}
 
 
 def _island_measures(run: _Run, seen: dict, jax_seen: dict, wide: dict | None) -> dict:
@@ -236,7 +236,7 @@ def _island_measures(run: _Run, seen: dict, jax_seen: dict, wide: dict | None) -
     if wide is None:
         return {}
     return {(stage, name): TwinMeasured(relative_error(a, b, scale=1.0), np.shape(a))
-            for stage, name, a, b, _ in _paired(run, seen, jax_seen, wide, BEFORE_UPDATE)}
+            for stage, name, a, b, _ in _paired(run, seen, jax_seen, wide, BEFORE_UPDATE + ("buffer",))}
 
 
 def _port_islands_run(run: _Run, step_function, start: dict) -> dict:
@@ -1173,11 +1173,11 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                                                                        None))
                     del counter_start
                     run.counterfactuals["use_fast_variance=False"] = {
-                        r.key: r for r in _rows(run, prefix, seen, counter, None, {}, None, BEFORE_UPDATE, variation)}
+                        r.key: r for r in _rows(run, prefix, seen, counter, None, {}, None, BEFORE_UPDATE + ("buffer",),
+                                                variation)}
                     del counter
                     _let_go_of_programs(program)
                     phases.mark(f"step {step}: the port with use_fast_variance=False (a cause verified)")
-                del variation, island
                 if program == order[-1]:
                     variant = wide = None
                 if recompute:
@@ -1200,7 +1200,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     in_place = last and program == order[-1] and run.shadows[program].get("ref") is None
                     fed = _fed_updates(run, program, params_state, outcome["grads"], last=last, in_place=in_place)
                     phases.mark(f"step {step}: PyTorch's optimizers fed {program}'s gradients")
-                updated = _rows(run, prefix, seen, outcome, fed, measures, update64, FROM_UPDATE)
+                updated = _rows(run, prefix, seen, outcome, fed, measures, update64, FROM_UPDATE, variation, island)
+                del variation, island
                 rows[program] += updated
                 if counter_update is not None:
                     if any(not r.passed for r in updated if r.stage.endswith("update")):
