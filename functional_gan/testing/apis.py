@@ -36,6 +36,7 @@ import numpy as np
 from functional_gan.errors import UserError
 
 _TAPS: list[dict] = []  # the recorders of the captures under way (innermost last)
+_TAP_COUNTS: list[dict] = []  # per capture under way: how many values each of a spec's TAPS has given
 _NESTED: list[dict] = []  # where layer outputs from inside the port's own transformations arrive (innermost last)
 
 
@@ -49,14 +50,23 @@ def tap(name: str, value):
 
 @contextlib.contextmanager
 def _taps(record: dict):
-    from .taps import port_counting
-
     _TAPS.append(record)
+    _TAP_COUNTS.append({})  # a spec's tapped functions (TAPS, taps.py) numbered from 0 in each capture
     try:
-        with port_counting():  # a spec's tapped functions (TAPS) numbered from 0 in each capture
-            yield record
+        yield record
     finally:
         _TAPS.pop()
+        _TAP_COUNTS.pop()
+
+
+def next_tap_index(name: str) -> int | None:
+    """The number of the next value the spec's tapped function ``name`` gives in this capture (from 0), or None where
+    no capture is under way."""
+    if not _TAP_COUNTS:
+        return None
+    counts = _TAP_COUNTS[-1]
+    counts[name] = counts.get(name, -1) + 1
+    return counts[name]
 
 
 @contextlib.contextmanager

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from .apis import next_tap_index, tap
 from .spec import SpecError
 
 ROOT = "__tap__"  # the first element of a tapped value's path among the port's layer outputs
 _TORCH: list["TorchTaps"] = []  # the PyTorch recorders under way (innermost last)
-_COUNTS: list[dict] = []  # per capture of the port's outputs, how many values each tap has given
 
 
 class _Globals:
@@ -112,43 +112,31 @@ def _torch_wrapper(name: str, original):
 
 
 def _port_wrapper(name: str, original):
-    from .apis import tap
-
     def wrapper(*args, **kwargs):
         out = original(*args, **kwargs)
-        if _COUNTS:
-            counts = _COUNTS[-1]
-            for value in _tensors(out):
-                n = counts.get(name, 0)
-                counts[name] = n + 1
-                tap(f"{ROOT}/{name}/{n}", value)
+        for value in _tensors(out):
+            n = next_tap_index(name)
+            if n is None:  # no capture under way (the training call)
+                break
+            tap(f"{ROOT}/{name}/{n}", value)
         return out
     wrapper.__wrapped__ = original
     return wrapper
 
 
-@contextlib.contextmanager
-def port_counting():
-    """The port's tapped values numbered from 0 within one capture of its outputs."""
-    _COUNTS.append({})
-    try:
-        yield
-    finally:
-        _COUNTS.pop()
+class ModuleStack:
+    """While active (a context manager), the names of ``model``'s modules running, outermost first: ``current`` is
+    the innermost one's ("" for the model itself, or where none runs)."""
 
-
-class TorchTaps:
-    """Records, during one PyTorch step, each tapped function's output tensors by the innermost module of ``model``
-    running it; ``found``: {row name: (value, the port's path)} in call order, handed to ``emit``."""
-
-    def __init__(self, model: torch.nn.Module, emit):
+    def __init__(self, model: torch.nn.Module):
         self.names = {id(m): name for name, m in model.named_modules()}
-        self.model, self.emit = model, emit
+        self.model = model
         self.stack: list[str] = []
-        self.counts: dict[str, int] = {}  # per tap: values given so far (the pairing with the port's)
-        self.within: dict[tuple[str, str], int] = {}  # per (module, tap): values given (the row's index)
-        self.paths: dict[str, tuple] = {}
         self.handles = []
+
+    @property
+    def current(self) -> str:
+        return self.stack[-1] if self.stack else ""
 
     def __enter__(self):
         def push(module, _args):
@@ -160,17 +148,35 @@ class TorchTaps:
 
         for module in self.model.modules():
             self.handles += [module.register_forward_pre_hook(push), module.register_forward_hook(pop)]
-        _TORCH.append(self)
         return self
 
     def __exit__(self, *exc):
-        _TORCH.remove(self)
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
 
+
+class TorchTaps(ModuleStack):
+    """Records, during one PyTorch step, each tapped function's output tensors by the innermost module of ``model``
+    running it, handed to ``emit(row name, value)`` in call order; ``paths``: {row name: the port's path}."""
+
+    def __init__(self, model: torch.nn.Module, emit):
+        super().__init__(model)
+        self.emit = emit
+        self.counts: dict[str, int] = {}  # per tap: values given so far (the pairing with the port's)
+        self.within: dict[tuple[str, str], int] = {}  # per (module, tap): values given (the row's index)
+        self.paths: dict[str, tuple] = {}
+
+    def __enter__(self):
+        _TORCH.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _TORCH.remove(self)
+        super().__exit__(*exc)
+
     def record(self, name: str, values: list) -> None:
-        where = self.stack[-1] if self.stack else ""
+        where = self.current
         for value in values:
             n = self.counts.get(name, 0)
             self.counts[name] = n + 1

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .memory import _LIBC, trim
 from .pairing import Pairing
 from .spec import Spec, call_loss, select_output
-from .taps import TorchTaps, as_array
+from .taps import ModuleStack, TorchTaps, as_array
 
 
 def _torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
@@ -61,27 +61,14 @@ class Islands(TorchFunctionMode):
         super().__init__()
         self.wide, self.widen = wide, widen
         self.found: dict[str, str] = {}
-        self.names = {id(m): name for name, m in model.named_modules()}
-        self.stack: list[str] = []
-        self.model = model
-        self.handles = []
+        self.modules = ModuleStack(model)
 
     def __enter__(self):
-        def push(module, _args):
-            self.stack.append(self.names.get(id(module), ""))
-
-        def pop(module, _args, _out):
-            if self.stack:
-                self.stack.pop()
-
-        for module in self.model.modules():
-            self.handles += [module.register_forward_pre_hook(push), module.register_forward_hook(pop)]
+        self.modules.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
+        self.modules.__exit__(*exc)
         return super().__exit__(*exc)
 
     def _narrow(self, value) -> bool:
@@ -120,8 +107,7 @@ class Islands(TorchFunctionMode):
         return a
 
     def _record(self, dtype: torch.dtype) -> None:
-        where = self.stack[-1] if self.stack else ""
-        self.found.setdefault(where, str(dtype).removeprefix("torch."))
+        self.found.setdefault(self.modules.current, str(dtype).removeprefix("torch."))
 
 
 class BlockedSums(TorchDispatchMode):
