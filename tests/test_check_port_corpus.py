@@ -227,3 +227,18 @@ def test_the_first_pages_minimal_spec_agrees_and_its_gelu_mistake_is_named(capsy
     assert main(["check-port", str(examples / "minimal.py"), "--program", "jit"]) == 0
     assert main(["check-port", str(examples / "minimal_mistake.py"), "--program", "jit"]) == 1
     assert "First divergence: forward, 2:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name,mistake", [("nnx_scan_stack", {"EPSILON": 1e-6}), ("equinox_scan_stack", {"EPS": 1e-6})])
+def test_layers_inside_a_scan_over_a_stack_get_their_rows_and_a_mistake_there_is_named(name, mistake, dtype, monkeypatch):
+    """NNX (nnx.scan) and Equinox (lax.scan over eqx.combine) call fresh module objects inside the scan: each is known
+    by its class (one stacked module of it), its submodules by their paths below it; before, those layers had no rows
+    at all."""
+    monkeypatch.syspath_prepend(str(CORPUS))
+    report = port.check_port(_spec(name), dtype, programs=("jit",))
+    _agrees(report)
+    assert [r.name for r in report.rows if r.stage == "forward"][:4] == ["layers.0.fc", "layers.0.norm", "layers.1.fc",
+                                                                       "layers.1.norm"], report.format()
+    wrong = port.check_port(_spec(name, **mistake), dtype, programs=("jit",))
+    assert (wrong.first_divergence.stage, wrong.first_divergence.name) == ("forward", "layers.0.norm"), wrong.format()

@@ -132,7 +132,14 @@ def assemble_nested(nested: dict, expected_shapes: dict[tuple[str, ...], tuple])
             else:
                 assembled[path] = pieces[0]
         for index, piece in enumerate(pieces):  # a module scanned over layers: call i is layer i ("#i")
-            if (*path, f"#{index}") in expected_shapes:
+            stacked = expected_shapes.get((*path, f"#{index}"))
+            if stacked is None:
+                continue
+            per_sample = stacked[0] if len(stacked) and np.ndim(piece) == len(stacked) - 1 else 0
+            if per_sample and len(pieces) >= (index + 1) * per_sample:  # inside a vmap over the batch: one piece per
+                # sample, layer after layer (the scan's iterations in order, each with the batch's samples in order)
+                assembled[(*path, f"#{index}")] = np.stack(pieces[index * per_sample:(index + 1) * per_sample])
+            elif not per_sample:
                 assembled[(*path, f"#{index}")] = piece
     return assembled
 
@@ -264,13 +271,21 @@ def _current_trace():
 
 
 @contextlib.contextmanager
-def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict):
+def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict, children: Callable | None = None):
     """While active, the first output of each module's ``__call__`` is recorded by its path (outermost call only).
 
     A module the port calls inside a transformation of its own (``jax.vmap(self.conv)(x)``, a ``lax.scan`` over
     layers) has an output that cannot leave that transformation as a value: it leaves through a host callback
-    into :func:`nested_outputs` instead, when one is collecting."""
+    into :func:`nested_outputs` instead, when one is collecting. Inside a ``lax.scan`` over a stack of layers the
+    layer is a module rebuilt from its slice (Equinox's ``eqx.combine``), not one of ``modules``: where its class is
+    that of exactly one of them, it takes that one's path, and the modules below it (``children(module)``: {relative
+    path: module}) the paths below, for the call."""
     paths = {id(m): path for path, m in modules.items()}
+    by_class: dict[type, list] = {}
+    for path, module in modules.items():
+        if path:
+            by_class.setdefault(type(module), []).append(path)
+    dynamic: dict[int, tuple[str, ...]] = {}  # modules rebuilt inside a transformation, for the call of their stack
     active: set[int] = set()
     patched = []
     level = _current_trace()
@@ -279,7 +294,15 @@ def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict):
         had_own = "__call__" in cls.__dict__
 
         def wrapper(self, *args, __original=original, **kwargs):
-            path = paths.get(id(self))
+            path = paths.get(id(self), dynamic.get(id(self)))
+            added = []
+            if path is None and children is not None and _NESTED and _current_trace() is not level \
+                    and len(by_class.get(type(self), ())) == 1:
+                path = by_class[type(self)][0]
+                for sub, node in children(self).items():
+                    if sub and id(node) not in paths and id(node) not in dynamic:
+                        dynamic[id(node)] = (*path, *sub)
+                        added.append(id(node))
             if path is None or id(self) in active:
                 return __original(self, *args, **kwargs)
             active.add(id(self))
@@ -287,6 +310,8 @@ def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict):
                 out = __original(self, *args, **kwargs)
             finally:
                 active.discard(id(self))
+                for key in added:
+                    dynamic.pop(key, None)
             first = _first(out)
             if hasattr(first, "shape"):
                 if _current_trace() is level:
@@ -521,6 +546,68 @@ def _linen_modules(model, variables, inputs, mode: dict) -> tuple[list[str], dic
 # --- Flax NNX -----------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _nnx_nested_calls(net):
+    """While active, an NNX module called inside a transformation of the port's own (``nnx.scan`` over a stack of
+    layers, ``nnx.vmap``), whose output ``nnx.capture`` does not see, sends it out through a callback under its path.
+    Inside such a transformation NNX calls fresh module objects: a module whose class is that of exactly one module of
+    ``net`` takes that module's path, and its submodules (found in its graph) the paths below it, for the call."""
+    from flax import nnx
+
+    outer = {path: module for path, module in _nnx_modules(net).items() if path}
+    by_class: dict[type, list] = {}
+    for path, module in outer.items():
+        by_class.setdefault(type(module), []).append(path)
+    known = {id(module): path for path, module in outer.items()}
+    dynamic: dict[int, tuple[str, ...]] = {}
+    level = _current_trace()
+    patched = []
+    for cls in by_class:
+        original = cls.__call__
+        had_own = "__call__" in cls.__dict__
+
+        def wrapper(self, *args, __original=original, **kwargs):
+            if _current_trace() is level or not _NESTED or id(self) in known:
+                return __original(self, *args, **kwargs)
+            path = dynamic.get(id(self))
+            added = []
+            if path is None and len(by_class.get(type(self), ())) == 1:
+                path = by_class[type(self)][0]
+                for sub, node in nnx.iter_graph(self):
+                    if isinstance(node, nnx.Module) and sub and id(node) not in dynamic:
+                        dynamic[id(node)] = (*path, *map(str, sub))
+                        added.append(id(node))
+            try:
+                out = __original(self, *args, **kwargs)
+            finally:
+                for key in added:
+                    dynamic.pop(key, None)
+            first = _first(out)
+            if path is not None and hasattr(first, "shape"):
+                out = _with_first(out, _leave_through_callback(path, first))
+            return out
+
+        try:
+            type.__setattr__(cls, "__call__", wrapper)
+        except (TypeError, AttributeError):
+            continue
+        patched.append((cls, had_own, original))
+    try:
+        yield
+    finally:
+        for cls, had_own, original in patched:
+            if had_own:
+                type.__setattr__(cls, "__call__", original)
+            else:
+                type.__delattr__(cls, "__call__")
+
+
+def _nnx_modules(net) -> dict[tuple[str, ...], object]:
+    from flax import nnx
+
+    return {tuple(map(str, path)): node for path, node in nnx.iter_graph(net) if isinstance(node, nnx.Module)}
+
+
 def _nnx_adapter(spec, model) -> Adapter:
     from flax import nnx
 
@@ -556,7 +643,7 @@ def _nnx_adapter(spec, model) -> Adapter:
         net = build(tree)
         if capture:
             tapped: dict = {}  # a spec's tapped functions' outputs (TAPS)
-            with _taps(tapped):
+            with _taps(tapped), _nnx_nested_calls(net):
                 output, captured = nnx.capture(net, nnx.Intermediate, method_outputs=nnx.Intermediate)(*inputs)
             layers = {**_intermediates(nnx.to_pure_dict(captured)), **tapped}
             layers.pop((), None)
@@ -644,11 +731,15 @@ def _equinox_adapter(spec, made, seed: int = 0) -> Adapter:
         net, current = build(tree)
         record: dict = {}
         nets = _modules_by_path(net, lambda m: isinstance(m, eqx.Module)) if capture else {}
+
+        def children(module):  # a layer rebuilt inside the port's lax.scan: the modules below it
+            return _modules_by_path(module, lambda m: isinstance(m, eqx.Module))
+
         nets.pop((), None)
         extra = {"key": key} if key is not None else {}
 
         def call(*xs):
-            with _recording_calls(nets, record), _taps(record):
+            with _recording_calls(nets, record, children), _taps(record):
                 result = net(*xs, current, **extra) if current is not None else net(*xs, **extra)
             out, new_state = result if current is not None else (result, None)
             return out, new_state, dict(record)
