@@ -287,12 +287,9 @@ def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict, children
             by_class.setdefault(type(module), []).append(path)
     dynamic: dict[int, tuple[str, ...]] = {}  # modules rebuilt inside a transformation, for the call of their stack
     active: set[int] = set()
-    patched = []
     level = _current_trace()
-    for cls in {type(m) for m in modules.values()}:
-        original = cls.__call__
-        had_own = "__call__" in cls.__dict__
 
+    def wrapping(original):
         def wrapper(self, *args, __original=original, **kwargs):
             path = paths.get(id(self), dynamic.get(id(self)))
             added = []
@@ -319,14 +316,25 @@ def _recording_calls(modules: dict[tuple[str, ...], Any], record: dict, children
                 elif _NESTED and path not in record:
                     out = _with_first(out, _leave_through_callback(path, first))
             return out
+        return wrapper
 
+    with _calls_wrapped({type(m) for m in modules.values()}, wrapping):
+        yield record
+
+
+@contextlib.contextmanager
+def _calls_wrapped(classes, wrapping: Callable):
+    """While active, each class's ``__call__`` is ``wrapping(its original)`` (classes that refuse it are left)."""
+    patched = []
+    for cls in classes:
+        original, had_own = cls.__call__, "__call__" in cls.__dict__
         try:
-            type.__setattr__(cls, "__call__", wrapper)
+            type.__setattr__(cls, "__call__", wrapping(original))
         except (TypeError, AttributeError):
             continue
         patched.append((cls, had_own, original))
     try:
-        yield record
+        yield
     finally:
         for cls, had_own, original in patched:
             if had_own:
@@ -561,11 +569,8 @@ def _nnx_nested_calls(net):
     known = {id(module): path for path, module in outer.items()}
     dynamic: dict[int, tuple[str, ...]] = {}
     level = _current_trace()
-    patched = []
-    for cls in by_class:
-        original = cls.__call__
-        had_own = "__call__" in cls.__dict__
 
+    def wrapping(original):
         def wrapper(self, *args, __original=original, **kwargs):
             if _current_trace() is level or not _NESTED or id(self) in known:
                 return __original(self, *args, **kwargs)
@@ -586,20 +591,10 @@ def _nnx_nested_calls(net):
             if path is not None and hasattr(first, "shape"):
                 out = _with_first(out, _leave_through_callback(path, first))
             return out
+        return wrapper
 
-        try:
-            type.__setattr__(cls, "__call__", wrapper)
-        except (TypeError, AttributeError):
-            continue
-        patched.append((cls, had_own, original))
-    try:
+    with _calls_wrapped(by_class, wrapping):
         yield
-    finally:
-        for cls, had_own, original in patched:
-            if had_own:
-                type.__setattr__(cls, "__call__", original)
-            else:
-                type.__delattr__(cls, "__call__")
 
 
 def _nnx_modules(net) -> dict[tuple[str, ...], object]:
