@@ -1098,12 +1098,15 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     if program not in opt_states:
                         opt_states[program] = optimizer.init(start["params"]) if optimizer is not None else None
                     function = last_step_fn if last else step_fn
+                first = step == 1 and program == order[0]
+                # the start's shapes, for the islands' jaxpr once the program has run (a jitted step donates its start)
                 shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype)
-                                                 if hasattr(a, "dtype") else a, start)  # a donated start's
+                                                if hasattr(a, "dtype") else a, start) \
+                    if first and dtype == "float64" else None
                 with _programs_held(program), _reference_parked(run):
                     outcome = _run_program(run, function, program, start, opt_states[program],
-                                           first=step == 1 and program == order[0])
-                if step == 1 and program == order[0]:
+                                           first=first)
+                if first:
                     _check_dtypes(outcome, dtype, run)
                     uncaptured = [n or "(model)" for n in seen["ref"]["layers"]
                                   if run.layer_paths[n] not in outcome["layers"]]
