@@ -378,6 +378,26 @@ def test_layers_called_with_keyword_arguments_are_checked_as_the_model_calls_the
     report = by_block.check_by_block(_keyword_decoder(), dtype, programs=("jit",))
     assert report.exit_status() == 0 and len(report.blocks) == 3, report.format()
     assert all(any(r.name.endswith("(input)") for r in block.rows) for _, block in report.blocks)  # hidden states only
+    # the parts outside the blocks are compared too: the embedding, the final norm, the head, the loss, their
+    # gradients and each block's four arguments as the model gives them (hidden states, mask, cos, sin)
+    rows = {(row.stage, row.name) for row in report.outside_report.rows}
+    for wanted in [("forward", "embed_tokens"), ("forward", "norm"), ("forward", "lm_head"), ("loss", "loss"),
+                   ("gradient", "embed_tokens.weight"), ("gradient", "norm.weight"), ("gradient", "lm_head.weight")]:
+        assert wanted in rows, sorted(rows)
+    assert {f"layers.{i}:block input[{j}]" for i in range(3) for j in range(4)} <= {name for _, name in rows}
+    assert "parts outside them" in report.verdict()
+
+
+@pytest.mark.parametrize("mistake, row", [("final-norm-eps", "norm"), ("wiring", "layers.2:block input[0]")])
+def test_a_mistake_outside_the_blocks_is_named_by_block(mistake, row):
+    """Every block agrees (each is fed PyTorch's own inputs); the final norm's epsilon, or layer 2 fed layer 0's output,
+    is named in the check of the model with its blocks replaced by stand-ins."""
+    report = by_block.check_by_block(_keyword_decoder(MISTAKE=mistake), "float32", programs=("jit",))
+    assert all(block.exit_status() == 0 for _, block in report.blocks), report.format()
+    name, failing = report.first_failing
+    assert report.exit_status() == 1 and name == by_block.OUTSIDE, report.format()
+    assert failing.first_divergence.name == row, report.format()
+    assert report.verdict().startswith("Outside the blocks: First divergence: forward, " + row)
 
 
 def test_a_rope_mistake_in_one_layer_is_named_in_its_block_at_the_rope_tap():

@@ -32,12 +32,15 @@ import torch
 
 from functional_gan.comparisons.judge import DEFAULT_K
 
-from . import apis
+from . import apis, outside
 from .check import check_port
 from .memory import Phases, old_objects_frozen
 from .pairing import default_to_jax
 from .report import EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_PRECISION, PROGRAMS, Report, _badness, _measure
 from .spec import Spec, SpecError, call_loss, select_output
+
+
+OUTSIDE = "(outside the blocks)"  # the outside check's name in a block-by-block report
 
 
 @dataclasses.dataclass
@@ -51,11 +54,19 @@ class BlockReport:
     outside: list[str]  # PyTorch's parameters in no block
     memory: Any = None
     allow_precision: bool = False
+    # the parts outside the blocks and the wiring (outside.py), or why they were not compared
+    outside_report: Report | None = None
+    outside_why: str = ""
+
+    def _all(self) -> list[tuple[str, Report]]:
+        """The blocks' reports, then the outside check's."""
+        extra = [(OUTSIDE, self.outside_report)] if self.outside_report is not None else []
+        return list(self.blocks) + extra
 
     def exit_status(self, allow_precision: bool | None = None) -> int:
         """1 if a block diverges, else 3 if a block has precision findings (0 with ``allow_precision``), else 0."""
         allow = self.allow_precision if allow_precision is None else allow_precision
-        statuses = {report.exit_status(allow) for _, report in self.blocks}
+        statuses = {report.exit_status(allow) for _, report in self._all()}
         for status in (EXIT_DIVERGENCE, EXIT_PRECISION):
             if status in statuses:
                 return status
@@ -65,7 +76,7 @@ class BlockReport:
     def first_failing(self) -> tuple[str, Report] | None:
         """The first block, in the model's order, that diverges (else the first with precision findings)."""
         for wanted in (EXIT_DIVERGENCE, EXIT_PRECISION):
-            for name, report in self.blocks:
+            for name, report in self._all():
                 if report.exit_status(self.allow_precision) == wanted:
                     return name, report
         return None
@@ -73,10 +84,11 @@ class BlockReport:
     def verdict(self) -> str:
         failing = self.first_failing
         if failing is None:
-            total = sum(len(report.rows) for _, report in self.blocks)
-            return f"Agreement: all {len(self.blocks)} blocks, {total} quantities, within tolerance."
+            total = sum(len(report.rows) for _, report in self._all())
+            rest = " and the parts outside them" if self.outside_report is not None else ""
+            return f"Agreement: all {len(self.blocks)} blocks{rest}, {total} quantities, within tolerance."
         name, report = failing
-        return f"Block {name}: " + report.verdict()
+        return ("Outside the blocks: " if name == OUTSIDE else f"Block {name}: ") + report.verdict()
 
     def format(self, markdown: bool = False) -> str:
         status = self.exit_status()
@@ -87,16 +99,21 @@ class BlockReport:
                  "sum(output · the model loss's gradient at its output): its parameters' gradients are the model's, "
                  "and its input's gradient what it passes back (that loss, the checker's own, is not judged).",
                  "", f"  {'block':<28} {'rows':>5}  {'verdict':<12} {'worst':>9}  at"]
-        for name, report in self.blocks:
+        for name, report in self._all():
             worst = max(report.rows, key=_badness) if report.rows else None
             verdict = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE",
                        EXIT_PRECISION: "precision"}[report.exit_status(self.allow_precision)]
             where = f"{worst.stage}, {worst.name}" if worst else ""
             lines.append(f"  {name:<28} {len(report.rows):>5}  {verdict:<12} {_measure(worst) if worst else '':>9}  "
                          f"{where}")
-        if self.outside:
+        if self.outside_report is not None:
+            lines += ["", f"{OUTSIDE}: the whole model with each block replaced on both sides by a stand-in that adds "
+                      "to its input what PyTorch's block added (its gradient the identity's); its rows are the "
+                      "parts outside the blocks and each block's arguments as the model gives them (the wiring)."]
+        elif self.outside:
             shown = ", ".join(self.outside[:8]) + (f" and {len(self.outside) - 8} more" if len(self.outside) > 8 else "")
-            lines += ["", f"Not in any block (the whole-model check compares them): {shown}."]
+            lines += ["", f"Not in any block, and not compared here ({self.outside_why}; the whole-model check "
+                      f"compares them): {shown}."]
         failing = self.first_failing
         if failing is None:
             lines += ["", self.verdict()]
@@ -104,8 +121,9 @@ class BlockReport:
             name, report = failing
             first = report.first_divergence or report.precision_findings[0]
             word = "diverges" if report.exit_status(self.allow_precision) == EXIT_DIVERGENCE else "has precision findings"
-            lines += ["", f"Block {name}, in full:", "", report.format(), "",
-                      f"Block {name} {word} first: {first.stage}, {first.name} (its report above)."]
+            title = "The model outside the blocks" if name == OUTSIDE else f"Block {name}"
+            lines += ["", f"{title}, in full:", "", report.format(), "",
+                      f"{title} {word} first: {first.stage}, {first.name} (its report above)."]
         text = "\n".join(lines)
         return f"```text\n{text}\n```\n" if markdown else text
 
@@ -113,6 +131,8 @@ class BlockReport:
         return {"spec": self.spec, "by_block": True, "dtype": self.dtype, "k": self.k,
                 "exit_status": self.exit_status(), "not_in_blocks": self.outside,
                 "blocks": [{"block": name, **report.to_json()} for name, report in self.blocks],
+                "outside_blocks": self.outside_report.to_json() if self.outside_report is not None else None,
+                "outside_not_compared_because": self.outside_why or None,
                 "peak_resident_gib": self.memory.peak if self.memory is not None else None}
 
 
@@ -192,6 +212,7 @@ def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) ->
     rounded to float32 for a float32 check, where both frameworks take those values)."""
     records: dict[str, dict] = {}
     outputs: dict[str, torch.Tensor] = {}
+    shapes: dict[str, int | None] = {}
     modules = dict(model.named_modules())
 
     def before(name):
@@ -210,6 +231,7 @@ def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) ->
     def after(name):
         def hook(_module, _args, out):
             outputs[name] = select_output(out, spec.block_output, f"PyTorch's block {name}")
+            shapes[name] = len(out) if isinstance(out, tuple) else None
         return hook
 
     handles = [modules[n].register_forward_pre_hook(before(n), with_kwargs=True) for n in names]
@@ -233,6 +255,8 @@ def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) ->
         for name, cotangent in zip(names, cotangents):
             value = torch.zeros_like(outputs[name]) if cotangent is None else cotangent
             records[name]["cotangent"] = value.detach().cpu().numpy().copy()
+    for name in names:  # what the outside check's stand-in of the block gives (outside.py)
+        records[name]["stand_in"] = _stand_in(spec, records[name], outputs[name].detach().cpu().numpy(), shapes[name])
     if dtype == "float32":
         for record in records.values():
             record["inputs"] = tuple(_narrowed(x) for x in record["inputs"])
@@ -240,6 +264,22 @@ def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) ->
             if "cotangent" in record:
                 record["cotangent"] = record["cotangent"].astype(np.float32)
     return records
+
+
+def _stand_in(spec: Spec, record: dict, output: np.ndarray, tuple_output: int | None) -> outside.Recorded:
+    first = record["inputs"][0]
+    constant = tuple(first.shape) != tuple(output.shape)
+    offset = output.copy() if constant else output - first
+    port_offset = None
+    if spec.block_to_jax is not None:  # the offset in the port's layout, moved as the block's first input is
+        rest, keywords = record["inputs"][1:], record["keywords"].rebuilt(record["keywords"].arrays)
+        try:
+            moved_out = np.asarray(spec.block_to_jax(output, *rest, **keywords)[0], np.float64)
+            port_offset = moved_out if constant else \
+                moved_out - np.asarray(spec.block_to_jax(first, *rest, **keywords)[0], np.float64)
+        except Exception:  # block_to_jax's own failure is said where the block is checked
+            port_offset = None
+    return outside.Recorded(offset, port_offset, constant, tuple_output)
 
 
 def _narrowed(array: np.ndarray) -> np.ndarray:
@@ -483,8 +523,10 @@ def _check_by_block(spec: Spec, dtype: str, steps: int, k: float, seed: int, pro
     outside = [n for n, p in model.named_parameters() if id(p) not in covered]
     templates = {name: model.get_submodule(name) for name in names}
     del model  # what lies outside the blocks (an embedding of 50,257 × 768) is let go
+    stand_ins = {name: record.pop("stand_in") for name, record in records.items()}
     reports = []
-    for name, port in blocks:
+    for index, (name, port) in enumerate(blocks):
+        blocks[index] = (name, None)  # the port's block let go once checked
         try:
             block_spec = _block_spec(spec, name, templates.pop(name), port, records.pop(name))
             report = check_port(block_spec, dtype, steps, k, seed, programs or PROGRAMS)
@@ -501,7 +543,57 @@ def _check_by_block(spec: Spec, dtype: str, steps: int, k: float, seed: int, pro
         if not report.precision_findings:  # the likely causes were of the loss row alone
             report.causes = []
         reports.append((name, report))
+        del port
         jax.clear_caches()
         phases.mark(f"block {name}")
-    return BlockReport(spec.name, dtype, k, reports, outside, phases)
+    outside_report, why = _check_outside(spec, names, stand_ins, dtype, steps, k, seed, programs or PROGRAMS,
+                                         torch_state)
+    jax.clear_caches()
+    phases.mark("outside the blocks")
+    return BlockReport(spec.name, dtype, k, reports, outside, phases, outside_report=outside_report,
+                       outside_why=why)
+
+
+def _check_outside(spec: Spec, names: list[str], stand_ins: dict[str, outside.Recorded], dtype: str, steps: int,
+                   k: float, seed: int, programs: tuple[str, ...], torch_state: dict | None) -> tuple[Report | None, str]:
+    """The whole model with every block replaced by its stand-in on both sides (see :mod:`.outside`): the parts
+    outside the blocks and the wiring, checked. (None, why) where the port's blocks cannot be replaced."""
+    import jax
+
+    if spec.jax_model is None:
+        return None, "the port is functions (jax_params/jax_apply), whose blocks cannot be replaced"
+    with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext():
+        try:
+            port = spec.jax_model()
+        except Exception as error:
+            raise SpecError(f"the spec's jax_model() failed: {type(error).__name__}: {error}") from error
+        if not apis._is_nnx(port):
+            kind = "Linen" if apis._is_linen(port) else "Equinox" if apis._is_equinox(port) else type(port).__name__
+            return None, f"the port is a {kind} model, whose blocks the check does not replace (NNX's only)"
+        place = outside.find_list(port, len(names), _module_lists)
+        if place is None:
+            return None, (f"the port's model holds no single list of {len(names)} modules (its blocks may be one "
+                          "stacked module run by a scan)")
+        owner, attribute = place
+        layers = getattr(owner, attribute)
+        for index, name in enumerate(names):
+            layers[index] = outside.nnx_stand_in(stand_ins[name], spec.block_to_jax is not None)
+    torch.manual_seed(seed)
+    model = spec.torch_model()
+    if torch_state is not None:
+        model.load_state_dict(torch_state)
+    model.train(spec.train)
+    outside.replace_torch_blocks(model, {name: outside.TorchStandIn(stand_ins[name], spec.block_to_jax)
+                                         for name in names})
+    outside_spec = dataclasses.replace(
+        spec, torch_model=lambda: copy.deepcopy(model), jax_model=lambda: port, blocks=None,
+        taps={**(spec.taps or {}), outside.TAP: (outside.torch_block_input, outside.port_block_input)},
+        name=f"{spec.name} [outside the blocks]")
+    try:
+        report = check_port(outside_spec, dtype, steps, k, seed, programs)
+    except SpecError as error:
+        raise type(error)(f"--by-block, outside the blocks (the model with each block replaced by a stand-in): "
+                          f"{error}") from error
+    report.memory = report.converted = None
+    return report, ""
 

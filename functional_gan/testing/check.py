@@ -267,8 +267,9 @@ def _narrowed(tree):
         if jax.dtypes.issubdtype(getattr(a, "dtype", np.float64), jax.dtypes.prng_key):  # a key (NNX's Rngs)
             return a
         a = np.asarray(a)
-        if a.dtype.kind == "f":
-            return a.astype(np.float32)
+        if a.dtype.kind == "f":  # beyond float32's range at its ends (an attention mask of float64's lowest value)
+            limit = np.finfo(np.float32)
+            return np.clip(a, limit.min, limit.max).astype(np.float32)
         return a.astype(np.int32) if a.dtype.kind in "iu" and a.dtype.itemsize > 4 else a
     return jax.tree_util.tree_map(narrow, tree)
 

@@ -16,7 +16,9 @@ from flax import nnx
 
 D, HEADS, KV_HEADS, LAYERS, VOCAB, T, B = 32, 4, 2, 3, 50, 8, 2
 HEAD = D // HEADS
-MISTAKE = None  # planted for the tests: "rope-interleaved" in layer 1 of the port, or "gqa-tiled" in every layer
+# planted for the tests: "rope-interleaved" in layer 1 of the port, "gqa-tiled" in every layer; outside the layers,
+# "final-norm-eps" (the final LayerNorm's epsilon 1e-2, not 1e-5) or "wiring" (layer 2 fed layer 0's output)
+MISTAKE = None
 
 
 def _tables(positions):
@@ -135,15 +137,17 @@ class PortDecoder(nnx.Module):
         self.embed_tokens = nnx.Embed(VOCAB, D, param_dtype=dtype, rngs=rngs)
         self.embed_tokens.dtype = None  # computes in its table's dtype (built, nnx.Embed takes param_dtype as dtype)
         self.layers = nnx.List([PortLayer(i, rngs) for i in range(LAYERS)])
-        self.norm = nnx.LayerNorm(D, epsilon=1e-5, use_fast_variance=False, param_dtype=dtype, rngs=rngs)
+        eps = 1e-2 if MISTAKE == "final-norm-eps" else 1e-5
+        self.norm = nnx.LayerNorm(D, epsilon=eps, use_fast_variance=False, param_dtype=dtype, rngs=rngs)
         self.lm_head = nnx.Linear(D, VOCAB, use_bias=False, param_dtype=dtype, rngs=rngs)
 
     def __call__(self, ids):
         h = self.embed_tokens(ids)
         cos, sin = (jnp.asarray(a, h.dtype) for a in _tables(np.arange(ids.shape[1])))
         mask = jnp.triu(jnp.full((ids.shape[1], ids.shape[1]), jnp.finfo(h.dtype).min, h.dtype), 1)
-        for layer in self.layers:
-            h = layer(h, mask, cos, sin)
+        previous = h
+        for i, layer in enumerate(self.layers):
+            h, previous = layer(previous if MISTAKE == "wiring" and i == 2 else h, mask, cos, sin), h
         return self.lm_head(self.norm(h))
 
 
