@@ -296,7 +296,8 @@ class Keywords:
     """A block's keyword arguments as PyTorch's model passed them (transformers' decoder layers take
     ``attention_mask``, ``position_ids`` and ``position_embeddings=(cos, sin)`` by keyword): their tensors as arrays,
     flattened in order (they follow the block's positional inputs in its spec's example inputs, each converted to the
-    check's dtype as inputs are), and everything else kept as it was (None, a flag, a cache object)."""
+    check's dtype as inputs are), a key/value cache replaced by None (training uses none; the model made one because
+    its config says ``use_cache``), and everything else kept as it was (None, a flag)."""
 
     structure: Any  # torch.utils._pytree's spec of the keyword arguments (a dict)
     leaves: list  # the leaves as they were, None where a tensor was
@@ -308,6 +309,9 @@ class Keywords:
         from torch.utils import _pytree
 
         flat, structure = _pytree.tree_flatten(dict(kwargs))
+        # a key/value cache (transformers' DynamicCache, made by a model whose config says use_cache) fills up at each
+        # call: the block, called again and again by the check, would attend to the keys of every earlier call
+        flat = [None if _is_cache(leaf) else leaf for leaf in flat]
         slots = tuple(i for i, leaf in enumerate(flat) if torch.is_tensor(leaf))
         return cls(structure, [None if i in slots else leaf for i, leaf in enumerate(flat)], slots,
                    [flat[i].detach().cpu().numpy().copy() for i in slots])
@@ -323,6 +327,11 @@ class Keywords:
         for slot, array in zip(self.slots, arrays):
             flat[slot] = array
         return _pytree.tree_unflatten(flat, self.structure)
+
+
+def _is_cache(value) -> bool:
+    """A key/value cache: an instance of a class named ``Cache`` or deriving from one (transformers' ``Cache``)."""
+    return any(kind.__name__ == "Cache" for kind in type(value).__mro__)
 
 
 def _recorded_in_float64(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) -> tuple[dict, str]:

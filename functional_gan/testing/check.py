@@ -259,6 +259,7 @@ def _name_port_islands(run: _Run, islands: dict, rows: list[Row]) -> None:
 
 
 EPS64 = float(np.finfo(np.float64).eps)
+ISLAND_FLOOR = float(np.finfo(np.float32).eps)  # the least PyTorch noise of a row a float32 island reaches (2⁻²³)
 
 
 def _narrowed(tree):
@@ -543,6 +544,13 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
 
     def error_of(name, value, reference) -> Measured:  # a float32 run in a float64 check: scaled to float64's roundoff
         error = relative_error(value, reference)
+        if name == "t64-wide" and float(error) > 1e3 * EPS64:
+            # A row a float32 island reaches carries float32 rounding: of the island's results, which the run without
+            # its casts measures, and of constants the model made in float32 before the check widened it (transformers'
+            # rotary frequencies, a float32 buffer at init), which that run cannot widen back. Such a row's PyTorch
+            # noise is at least one float32 ulp of its scale (the rotary tables of a float64 Llama: 1.35e-7 of their
+            # scale from a port that computes them in float64, against 4.3e-8 measured without the casts).
+            error = max(error, Measured(ISLAND_FLOOR))
         return Measured(error * FLOAT32_TO_64) if name == "t32-scaled" else error
 
     def step_of(name, model, opt):

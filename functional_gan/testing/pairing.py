@@ -235,7 +235,9 @@ def _describe(name: str, module: torch.nn.Module, tensors: dict) -> str:
 
 def transfer(model: torch.nn.Module, variables: dict, param_map: dict[str, str] | None = None,
              kinds: dict[tuple[str, ...], str] | None = None) -> list[Pairing]:
-    """Pair every tensor of ``model``'s state_dict with a leaf of the port's ``variables`` (definition order and shape).
+    """Pair every tensor of ``model``'s state_dict with a leaf of the port's ``variables``: the port's module of the
+    same path where it has one (PyTorch's ``model.layers.0.mlp`` with ``model/layers/0/mlp``), else by definition order
+    and shape.
 
     ``variables``: ``{"params": ..., "batch_stats": ...}`` nested by module path; ``param_map``: {PyTorch module
     name: the port's module path "A/B"} for modules the order does not pair; ``kinds``: each path's module class
@@ -275,6 +277,9 @@ def transfer(model: torch.nn.Module, variables: dict, param_map: dict[str, str] 
             if path not in by_path:
                 raise SpecError(f"param_map sends {name!r} to {param_map[name]!r}, which the port does not have; "
                                 f"its modules: {', '.join('/'.join(p) for p in order)}")
+        elif (named := tuple(name.split("."))) in by_path and named not in used and named not in mapped \
+                and named not in stacked:  # the port's module of the same path ("model/layers/0/mlp"): by name
+            path = named
         else:
             while position < len(order) and (order[position] in used or order[position] in mapped or
                                              order[position] in stacked):
