@@ -416,3 +416,38 @@ def test_a_block_mode_failure_names_the_block_and_the_side():
     with pytest.raises(testing.SpecError, match=r"--by-block, block layers\.0: the spec's block_to_jax failed on block "
                                                 r"layers\.0's recorded inputs: TypeError"):
         by_block.check_by_block(spec, "float32", programs=("jit",))
+
+
+def test_a_check_larger_than_the_memory_available_stops_before_it_builds_anything(tmp_path, capsys):
+    """A model of 7.5B parameters (three 50,000² linear layers): built on the meta device for its size, refused in one
+    line with the estimate and --by-block's (exit 2), before a byte of it is made; the API refuses the same way."""
+    spec = tmp_path / "huge.py"
+    spec.write_text("import numpy as np, torch\n"
+                    "def torch_model():\n"
+                    "    return torch.nn.Sequential(*[torch.nn.Linear(50_000, 50_000, bias=False) for _ in range(3)])\n"
+                    "def jax_params():\n"
+                    "    raise AssertionError('the port is never built')\n"
+                    "def jax_apply(params, x):\n"
+                    "    return x\n"
+                    "def example_inputs():\n"
+                    "    return (np.zeros((1, 50_000), np.float32),)\n")
+    assert main(["check-port", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "the whole-model check of this model (7.50B parameters, float32) needs about" in err, err
+    assert "it was not started. --by-block checks it a block at a time in about" in err and "--no-memory-estimate" in err
+    estimated = float(err.split("needs about ")[1].split(" GiB")[0])
+    assert estimated > 7.5e9 * 4 / 2 ** 30 * 10  # more than ten copies of its float32 parameters
+    with pytest.raises(testing.SpecError, match="--by-block: this model .* needs about .* GiB block by block"):
+        by_block.check_by_block(testing.load_spec(spec), memory_limit=2 ** 30)
+
+
+def test_the_estimate_counts_a_tied_tensor_once_and_finds_the_blocks():
+    from functional_gan.testing import memory
+
+    spec = _keyword_decoder()
+    model = spec.torch_model()
+    model.lm_head.weight = model.embed_tokens.weight  # tied: one tensor
+    size = memory.estimate(model, "float32")
+    distinct = {id(p): p.numel() for p in model.parameters()}
+    assert size.parameters == sum(distinct.values()) == sum(p.numel() for p in model.parameters())
+    assert size.whole > size.by_block > memory.BASELINE

@@ -466,10 +466,23 @@ def test_an_update_that_diverges_by_weight_decay_alone_is_told_so():
             example_targets=lambda: (np.random.default_rng(1).normal(size=(16, 2)).astype(np.float32),),
             torch_loss=lambda o, x, t: ((o - t) ** 2).mean(), jax_loss=lambda o, x, t: ((o - t) ** 2).mean(),
             torch_optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
-            jax_optimizer=lambda: optax.adamw(1e-3, **weight_decay))
+            jax_optimizer=lambda: optax.adamw(**{"learning_rate": 1e-3, **weight_decay}))
 
     report = testing.check_port(spec({}), "float32", programs=("jit",))
     assert report.first_divergence.stage == "update", report.format()
     assert "the optimizers' weight decays differ: with zero gradients PyTorch's shrinks each weight by 1e-05 of itself " \
            "a step and the port's by 1e-07" in report.format()
     assert_agrees(testing.check_port(spec({"weight_decay": 0.01}), "float32", programs=("jit",)))
+    # the other hyperparameters, each told by its own probe and no other: the learning rate, Adam's eps, its betas
+    # (which the first step does not feel: Adam's first update is lr · sign(g) whatever they are; two steps)
+    for settings, steps, kind, said in [
+            ({"learning_rate": 1e-4}, 1, "learning rates", "the optimizers' learning rates differ: with a gradient of 1 "
+             "the first step moves a weight by -0.001 in PyTorch and -0.0001 in the port"),
+            ({"eps": 1e-6}, 1, "epsilons", "the optimizers' epsilons differ"),
+            ({"b2": 0.95}, 2, "momenta", "the optimizers' momenta differ")]:
+        report = testing.check_port(spec({"weight_decay": 0.01, **settings}), "float32", steps=steps,
+                                    programs=("jit",))
+        text = report.format()
+        assert report.first_divergence.stage.endswith("update") and said in text, text
+        others = {"learning rates", "weight decays", "epsilons", "momenta"} - {kind}
+        assert not any(f"the optimizers' {other} differ" in text for other in others), text

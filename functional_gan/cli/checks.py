@@ -135,7 +135,12 @@ def add_check_port(subparsers) -> None:
                    help="one block at a time, for a model whose whole check does not fit in memory: PyTorch's model "
                         "runs once in float64 to record each block's inputs and the loss's gradient at its output, then "
                         "each block is checked alone (the spec's blocks(), or PyTorch's largest ModuleList paired with "
-                        "the port's list of as many modules)")
+                        "the port's list of as many modules), then the model with its blocks replaced by stand-ins (the "
+                        "parts outside the blocks, and each block's arguments as the model gives them)")
+    p.add_argument("--no-memory-estimate", action="store_true",
+                   help="run the check even where its peak memory, estimated from the PyTorch model's parameters once "
+                        "it is built, exceeds the memory available (by default it stops there with exit status 2, "
+                        "the estimate and --by-block's)")
 
 
 def run_check_port(args) -> int:
@@ -173,14 +178,18 @@ def run_check_port(args) -> int:
     state = converting.read_weights(args.weights, spec.torch_model()) if args.weights else None
     if args.by_block and args.save:
         raise UserError("--save writes what the whole-model check agreed on: it cannot be used with --by-block")
+    from functional_gan.testing.memory import available
+
+    limit = None if args.no_memory_estimate else available()
     try:
         if args.by_block:
             from functional_gan.testing.blocks import check_by_block
 
-            report = check_by_block(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state)
+            report = check_by_block(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state,
+                                    memory_limit=limit, progress=True)
         else:
             report = port.check_port(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state,
-                                     export=bool(args.save))
+                                     export=bool(args.save), memory_limit=limit, progress=True)
     except (UserError, MemoryError, KeyboardInterrupt):
         raise
     except Exception as error:  # raised in the spec's or the port's code: exit 2 with one line, never 1 (a divergence)

@@ -13,9 +13,12 @@ residual stream shows and nothing else does); the block's loss itself, the check
 construction (a sum of terms that cancel, whose float32 rounding depends on the order of summation alone), is not. Peak
 memory is the PyTorch model once (to record) and one block's check, not the model's.
 
-Not compared block by block: what lies outside the blocks (embeddings, the head: listed in the report), the wiring
-between blocks (a port that feeds block 3 the output of block 1 passes here: the whole-model check sees it), and
-optimizers that couple parameters across blocks (a global-norm clip).
+Then the rest of the model (:mod:`.outside`): the whole model with each block replaced on both sides by a stand-in
+that adds PyTorch's recorded ``output - input``: the parts outside the blocks (embeddings, final norm, head, loss,
+their update) and each block's arguments as the model gives them (the wiring), compared.
+
+Not compared block by block: optimizers that couple parameters across blocks (a global-norm clip), and, where the
+port's blocks are not a list its NNX model holds, the parts outside the blocks (listed in the report).
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ import numpy as np
 import torch
 
 from functional_gan.comparisons.judge import DEFAULT_K
+from functional_gan.progress import progress_bar
 
 from . import apis, outside
 from .check import check_port
-from .memory import Phases, old_objects_frozen
+from .memory import GIB, Phases, estimate, estimate_before_building, old_objects_frozen, outside_estimate
 from .pairing import default_to_jax
 from .report import EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_PRECISION, PROGRAMS, Report, _badness, _measure
 from .spec import Spec, SpecError, call_loss, select_output
+from .torch_side import Parked
 
 
 OUTSIDE = "(outside the blocks)"  # the outside check's name in a block-by-block report
@@ -160,6 +165,11 @@ def _block_list(spec: Spec, model: torch.nn.Module) -> list[tuple[str, Any]]:
                         "block), ...]")
     container = containers[0]
     children = [f"{container}.{name}" for name, _ in model.get_submodule(container).named_children()]
+    abstract = _abstract_port(spec)
+    if abstract is not None:  # each block built when it is checked: the port's model is never whole in memory
+        lists = _module_lists(abstract, len(children))
+        if len(lists) == 1:
+            return [(child, _materializer(block)) for child, block in zip(children, lists[0][1])]
     port = spec.jax_model() if spec.jax_model is not None else None
     if port is None or apis._is_linen(port):
         raise SpecError(f"--by-block: PyTorch's blocks are {container}.0 … {container}.{len(children) - 1}; a "
@@ -173,6 +183,39 @@ def _block_list(spec: Spec, model: torch.nn.Module) -> list[tuple[str, Any]]:
                         f"has {'no list' if not lists else 'more than one list'} of {len(children)} modules ({found}): "
                         "name them in the spec, blocks() returning [(PyTorch module name, the port's block), ...]")
     return list(zip(children, lists[0][1]))
+
+
+def _abstract_port(spec: Spec):
+    """The spec's NNX port with no values (``nnx.eval_shape``: shapes and dtypes only, no memory), where its state is
+    parameters and running statistics alone (all of which the check fills with PyTorch's); else None (the port is
+    built as it is: another API, or a variable of its own, such as a table it computed at construction)."""
+    if spec.jax_model is None:
+        return None
+    try:
+        from flax import nnx
+
+        abstract = nnx.eval_shape(spec.jax_model)
+        if not apis._is_nnx(abstract):
+            return None
+        kinds = {type(v) for _, v in nnx.iter_graph(abstract) if isinstance(v, nnx.Variable)}
+    except Exception:  # built as it is, where its own error (if any) is said
+        return None
+    return abstract if kinds and all(issubclass(k, (nnx.Param, nnx.BatchStat)) for k in kinds) else None
+
+
+def _materializer(abstract):
+    """A function that builds the abstract NNX module ``abstract`` with zeros for its values (the check replaces
+    every one with PyTorch's)."""
+    def build():
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        graphdef, state = nnx.split(abstract)
+        state = jax.tree_util.tree_map(
+            lambda leaf: jnp.zeros(leaf.shape, leaf.dtype) if isinstance(leaf, jax.ShapeDtypeStruct) else leaf, state)
+        return nnx.merge(graphdef, state)
+    return build
 
 
 def _containers(model: torch.nn.Module) -> list[str]:
@@ -503,23 +546,32 @@ def _in_model(block: str, row: str) -> str:
 
 
 def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
-                   programs: tuple[str, ...] | None = None, torch_state: dict | None = None) -> BlockReport:
+                   programs: tuple[str, ...] | None = None, torch_state: dict | None = None,
+                   memory_limit: float | None = None, progress: bool = False) -> BlockReport:
     """Check the port block by block (see the module's docstring): the PyTorch model run once in float64 to record
-    each block's inputs and cotangent, then :func:`check_port` on each block, one at a time."""
+    each block's inputs and cotangent, then :func:`check_port` on each block, one at a time, then the model with its
+    blocks replaced (:mod:`.outside`). ``memory_limit`` (bytes): refused (:class:`.spec.SpecError`) where the
+    block-by-block peak, estimated from the PyTorch model's parameters (:func:`.memory.estimate`), exceeds it.
+    ``progress``: a bar over the blocks on standard error (a line per block where it is not a terminal)."""
     with old_objects_frozen():
-        return _check_by_block(spec, dtype, steps, k, seed, programs, torch_state)
+        return _check_by_block(spec, dtype, steps, k, seed, programs, torch_state, memory_limit, progress)
 
 
 def _check_by_block(spec: Spec, dtype: str, steps: int, k: float, seed: int, programs: tuple[str, ...] | None,
-                    torch_state: dict | None) -> BlockReport:
+                    torch_state: dict | None, memory_limit: float | None = None, progress: bool = False
+                    ) -> BlockReport:
     import jax
 
     phases = Phases()
+    if memory_limit is not None:  # before anything is built, where the model builds on the meta device
+        _refuse_if_too_large(estimate_before_building(spec.torch_model, dtype), dtype, memory_limit)
     torch.manual_seed(seed)
     try:
         model = spec.torch_model()
     except Exception as error:
         raise SpecError(f"the spec's torch_model() failed: {type(error).__name__}: {error}") from error
+    if memory_limit is not None:
+        _refuse_if_too_large(estimate(model, dtype), dtype, memory_limit)
     if torch_state is not None:
         model.load_state_dict(torch_state)
     model.train(spec.train)
@@ -529,13 +581,38 @@ def _check_by_block(spec: Spec, dtype: str, steps: int, k: float, seed: int, pro
     records, how = _recorded_in_float64(spec, model, names, dtype)
     phases.mark(f"float64 run: blocks' inputs recorded ({how})")
     covered = {id(p) for name in names for p in model.get_submodule(name).parameters()}
-    outside = [n for n, p in model.named_parameters() if id(p) not in covered]
+    outside_names = [n for n, p in model.named_parameters() if id(p) not in covered]
     templates = {name: model.get_submodule(name) for name in names}
-    del model  # what lies outside the blocks (an embedding of 50,257 × 768) is let go
     stand_ins = {name: record.pop("stand_in") for name, record in records.items()}
+    # the model keeps what lies outside the blocks (an embedding of 50,257 × 768), for the check of the rest
+    outside.replace_torch_blocks(model, {name: outside.TorchStandIn(stand_ins[name], spec.block_to_jax)
+                                         for name in names})
+    # PyTorch's blocks and the rest, on disk until each is checked: at 1.24B parameters, 4.4 GiB not held
+    parked = {name: Parked(list(template.parameters()) + list(template.buffers()))
+              for name, template in templates.items()}
+    parked[OUTSIDE] = Parked(list(model.parameters()) + list(model.buffers()))
+    try:
+        for held in parked.values():
+            held.__enter__()
+        return _checked_by_block(spec, dtype, steps, k, seed, programs, blocks, records, templates, stand_ins, model,
+                                 parked, outside_names, phases, progress, memory_limit)
+    finally:
+        for held in parked.values():  # an error on the way: the files closed, the values no longer needed
+            if getattr(held, "file", None) is not None:
+                held.file.close()
+
+
+def _checked_by_block(spec, dtype, steps, k, seed, programs, blocks, records, templates, stand_ins, model, parked,
+                      outside_names, phases, progress, memory_limit) -> BlockReport:
+    import jax
+
+    names = [name for name, _ in blocks]
     reports = []
+    bar = progress_bar(len(blocks) + 1, "check-port --by-block", "parts", disable=not progress)
     for index, (name, port) in enumerate(blocks):
         blocks[index] = (name, None)  # the port's block let go once checked
+        bar.set_postfix_str(name)
+        parked.pop(name).__exit__(None, None, None)
         try:
             block_spec = _block_spec(spec, name, templates.pop(name), port, records.pop(name))
             report = check_port(block_spec, dtype, steps, k, seed, programs or PROGRAMS)
@@ -555,16 +632,36 @@ def _check_by_block(spec: Spec, dtype: str, steps: int, k: float, seed: int, pro
         del port
         jax.clear_caches()
         phases.mark(f"block {name}")
-    outside_report, why = _check_outside(spec, names, stand_ins, dtype, steps, k, seed, programs or PROGRAMS,
-                                         torch_state)
+        bar.update()
+    bar.set_postfix_str("outside the blocks")
+    parked.pop(OUTSIDE).__exit__(None, None, None)
+    count = sum({id(p): p.numel() for p in model.parameters()}.values())
+    if memory_limit is not None and outside_estimate(count) > memory_limit:
+        outside_report, why = None, (f"checked whole, the {count / 1e6:.0f}M parameters outside the blocks need about "
+                                     f"{outside_estimate(count) / GIB:.1f} GiB (estimated), and "
+                                     f"{memory_limit / GIB:.1f} GiB are available")
+    else:
+        outside_report, why = _check_outside(spec, names, stand_ins, dtype, steps, k, seed, programs or PROGRAMS,
+                                             model)
+    del model
     jax.clear_caches()
     phases.mark("outside the blocks")
-    return BlockReport(spec.name, dtype, k, reports, outside, phases, outside_report=outside_report,
+    bar.update()
+    bar.close()
+    return BlockReport(spec.name, dtype, k, reports, outside_names, phases, outside_report=outside_report,
                        outside_why=why)
 
 
+def _refuse_if_too_large(size, dtype: str, memory_limit: float) -> None:
+    if size is not None and size.by_block is not None and size.by_block > memory_limit:
+        raise SpecError(f"--by-block: this model ({size.parameters / 1e6:.0f}M parameters, {dtype}) needs about "
+                        f"{size.by_block / GIB:.1f} GiB block by block (estimated), and {memory_limit / GIB:.1f} "
+                        "GiB are available: it was not started (--no-memory-estimate runs it anyway)")
+
+
 def _check_outside(spec: Spec, names: list[str], stand_ins: dict[str, outside.Recorded], dtype: str, steps: int,
-                   k: float, seed: int, programs: tuple[str, ...], torch_state: dict | None) -> tuple[Report | None, str]:
+                   k: float, seed: int, programs: tuple[str, ...], model: torch.nn.Module
+                   ) -> tuple[Report | None, str]:
     """The whole model with every block replaced by its stand-in on both sides (see :mod:`.outside`): the parts
     outside the blocks and the wiring, checked. (None, why) where the port's blocks cannot be replaced."""
     import jax
@@ -572,8 +669,9 @@ def _check_outside(spec: Spec, names: list[str], stand_ins: dict[str, outside.Re
     if spec.jax_model is None:
         return None, "the port is functions (jax_params/jax_apply), whose blocks cannot be replaced"
     with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext():
+        abstract = _abstract_port(spec)  # the blocks replaced before the rest is given values: never whole in memory
         try:
-            port = spec.jax_model()
+            port = abstract if abstract is not None else spec.jax_model()
         except Exception as error:
             raise SpecError(f"the spec's jax_model() failed: {type(error).__name__}: {error}") from error
         if not apis._is_nnx(port):
@@ -587,13 +685,8 @@ def _check_outside(spec: Spec, names: list[str], stand_ins: dict[str, outside.Re
         layers = getattr(owner, attribute)
         for index, name in enumerate(names):
             layers[index] = outside.nnx_stand_in(stand_ins[name], spec.block_to_jax is not None)
-    torch.manual_seed(seed)
-    model = spec.torch_model()
-    if torch_state is not None:
-        model.load_state_dict(torch_state)
-    model.train(spec.train)
-    outside.replace_torch_blocks(model, {name: outside.TorchStandIn(stand_ins[name], spec.block_to_jax)
-                                         for name in names})
+        if abstract is not None:
+            port = _materializer(port)()
     outside_spec = dataclasses.replace(
         spec, torch_model=lambda: copy.deepcopy(model), jax_model=lambda: port, blocks=None,
         taps={**(spec.taps or {}), outside.TAP: (outside.torch_block_input, outside.port_block_input)},

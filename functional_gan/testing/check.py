@@ -80,7 +80,7 @@ from . import apis, taps, widen
 from .jax_side import _check_dtypes, _jax_step_function
 from .pairing import (Pairing, _get, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
                       torch_in_flax_layout, transfer, variables_from_torch)
-from .memory import Phases, old_objects_frozen, op_programs_bounded, trim
+from .memory import Phases, estimate, estimate_before_building, old_objects_frozen, op_programs_bounded, trim
 from .precision import _uses_adam, likely_causes
 from .report import PROGRAMS, Report, _program_words, jax_build
 from .spec import Spec, SpecError
@@ -337,11 +337,15 @@ def _has(tree, path) -> bool:
         return False
 
 
-def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, ...], torch_state: dict | None = None
-             ) -> _Run:
+def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, ...], torch_state: dict | None = None,
+             memory_limit: float | None = None) -> _Run:
     """The spec's pieces built, the port adapted and paired with the PyTorch model, PyTorch's runs set up."""
     if spec.example_inputs is None or (spec.jax_model is None and (spec.jax_params is None or spec.jax_apply is None)):
         raise SpecError("a spec needs torch_model, example_inputs, and jax_model or jax_params with jax_apply")
+    if memory_limit is not None:  # the size known before anything is built, where the model builds on the meta device
+        size = estimate_before_building(spec.torch_model, dtype)
+        if size is not None and size.whole > memory_limit:
+            raise SpecError(size.message(memory_limit))
     torch.manual_seed(seed)
     try:
         inputs = tuple(np.asarray(x) for x in spec.example_inputs())
@@ -349,6 +353,10 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
         reference_model = spec.torch_model()
     except Exception as error:
         raise SpecError(f"the spec's torch_model()/example_inputs() failed: {type(error).__name__}: {error}") from error
+    if memory_limit is not None:  # the size known before the port is built or anything run
+        size = estimate(reference_model, dtype)
+        if size.whole > memory_limit:
+            raise SpecError(size.message(memory_limit))
     if torch_state is not None:
         reference_model.load_state_dict(torch_state)
     state = reference_model.state_dict()  # each model built loads it; the first build is let go after pairing
@@ -932,14 +940,76 @@ def _known_causes(run: _Run, report: Report) -> dict:
                 "a port of PyTorch's BatchNorm writes its own (examples/port/resnet_basic.py: TorchBatchNorm)")
     updates = [r for r in report.rows if r.diverged and r.key[0] == "update"]
     if updates and not any(r.diverged for r in report.rows if r.key[0] in ("forward", "output", "loss", "gradient")):
-        decay = _weight_decays(run)
-        if decay is not None and not math.isclose(*decay, rel_tol=1e-3):
+        said = _optimizer_differences(run)
+        if said:
             for row in updates:
-                hints[row.key] = (
-                    f"the optimizers' weight decays differ: with zero gradients PyTorch's shrinks each weight by "
-                    f"{decay[0]:.3g} of itself a step and the port's by {decay[1]:.3g} (lr × weight_decay; "
-                    "torch.optim.AdamW's default weight_decay is 0.01, optax.adamw's 1e-4: give both the same)")
+                hints[row.key] = "; ".join(said)
     return hints
+
+
+def _optimizer_differences(run: _Run) -> list[str]:
+    """Each side's optimizer stepped alone on the same made-up gradients, from fresh states, each probe telling one
+    hyperparameter: a weight of 1 and a zero gradient (a decoupled weight decay: lr × weight_decay), a weight of 0 and
+    a gradient of 1 (the step size: the learning rate), a gradient of 1e-8 beside it (Adam's ε: ``g / (|g| + ε)``),
+    and the gradients 1, -2, 0.5 in turn (the momentum: SGD's or Adam's betas). What differs is said, in that order;
+    nothing where either optimizer cannot be run so (one that needs more than a list of parameters)."""
+    import optax
+
+    def torch_steps(start, grads):
+        weight = torch.nn.Parameter(torch.full((4,), start, dtype=torch.float64))
+        optimizer = run.spec.torch_optimizer([weight])
+        moves = []
+        for g in grads:
+            before = weight.detach().clone()
+            weight.grad = torch.full_like(weight, g)
+            optimizer.step()
+            moves.append(float((weight.detach() - before)[0]))
+        return moves
+
+    def port_steps(start, grads):
+        optimizer = run.spec.jax_optimizer()
+        params = {"w": jnp.full(4, start, jnp.float32)}
+        state = optimizer.init(params)
+        moves = []
+        for g in grads:
+            updates, state = optimizer.update({"w": jnp.full(4, g, jnp.float32)}, state, params)
+            params = optax.apply_updates(params, updates)
+            moves.append(float(np.asarray(updates["w"])[0]))
+        return moves
+
+    try:
+        probes = {name: (torch_steps(*probe), port_steps(*probe)) for name, probe in
+                  {"decay": (1.0, [0.0]), "step": (0.0, [1.0]), "tiny": (0.0, [1e-8]),
+                   "turns": (0.0, [1.0, -2.0, 0.5])}.items()}
+    except Exception:
+        return []
+
+    def differ(a, b):
+        return not math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-12)
+
+    said = []
+    (t_step,), (p_step,) = probes["step"]
+    if differ(t_step, p_step):
+        said.append(f"the optimizers' learning rates differ: with a gradient of 1 the first step moves a weight by "
+                    f"{t_step:.3g} in PyTorch and {p_step:.3g} in the port")
+    (t_decay,), (p_decay,) = probes["decay"]
+    if t_step and p_step and differ(t_decay / t_step, p_decay / p_step):  # weight_decay itself, lr divided out
+        said.append(f"the optimizers' weight decays differ: with zero gradients PyTorch's shrinks each weight by "
+                    f"{-t_decay:.3g} of itself a step and the port's by {-p_decay:.3g} (lr × weight_decay; "
+                    "torch.optim.AdamW's default weight_decay is 0.01, optax.adamw's 1e-4: give both the same)")
+    if said and said[0].startswith("the optimizers' learning rates"):
+        return said  # the probes below are read relative to the step size
+    (t_tiny,), (p_tiny,) = probes["tiny"]
+    if t_step and differ(t_tiny / t_step, p_tiny / p_step):
+        said.append(f"the optimizers' epsilons differ: a gradient of 1e-8 moves a weight {t_tiny / t_step:.3g} as far "
+                    f"as a gradient of 1 in PyTorch, {p_tiny / p_step:.3g} in the port (Adam's g / (√v̂ + ε): its eps, or "
+                    "eps inside the square root, optax's eps_root)")
+    t_turns, p_turns = probes["turns"]
+    if not said and any(differ(a, b) for a, b in zip(t_turns[1:], p_turns[1:])):
+        said.append(f"the optimizers' momenta differ: with the gradients 1, -2, 0.5 the steps are "
+                    f"{', '.join(f'{m:.3g}' for m in t_turns)} in PyTorch and {', '.join(f'{m:.3g}' for m in p_turns)} "
+                    "in the port, the first alike (SGD's momentum or dampening, Adam's betas)")
+    return said
 
 
 def _lopsided_gradients(report: Report, apart: float = 10.0) -> list[str]:
@@ -965,23 +1035,6 @@ def _lopsided_gradients(report: Report, apart: float = 10.0) -> list[str]:
     return lines
 
 
-def _weight_decays(run: _Run) -> tuple[float, float] | None:
-    """How much each side's optimizer shrinks a weight in one step with zero gradients (lr × a decoupled weight
-    decay, as AdamW's; 0 without one), measured on a vector of ones, or None where either cannot be run so."""
-    try:
-        weight = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
-        optimizer = run.spec.torch_optimizer([weight])
-        weight.grad = torch.zeros_like(weight)
-        optimizer.step()
-        torch_shrink = float(1 - weight.detach()[0])
-        jax_optimizer = run.spec.jax_optimizer()
-        ones = {"w": jnp.ones(4, jnp.float32)}
-        updates, _ = jax_optimizer.update({"w": jnp.zeros(4, jnp.float32)}, jax_optimizer.init(ones), ones)
-        return torch_shrink, float(-np.asarray(updates["w"])[0])
-    except Exception:  # an optimizer that needs more than a list of parameters, or state of its own
-        return None
-
-
 def _verified_causes(run: _Run, report: Report) -> dict:
     """Per cause switched off (:attr:`_Run.counterfactuals`): the judged rows beyond their allowance whose excess over
     it goes away without the cause, at least nine tenths of it ("fell"; the rest may have a cause of its own), and those
@@ -1002,13 +1055,17 @@ def _verified_causes(run: _Run, report: Report) -> dict:
 
 
 def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
-               programs: tuple[str, ...] = PROGRAMS, torch_state: dict | None = None, export: bool = False) -> Report:
+               programs: tuple[str, ...] = PROGRAMS, torch_state: dict | None = None, export: bool = False,
+               memory_limit: float | None = None, progress: bool = False) -> Report:
     """Compare the spec's JAX port with its PyTorch model (see the module's docstring) and return the report.
 
     ``programs``: which JAX programs run, the first judged: ("jit", "eager") (default), ("jit",) or ("eager",).
     ``torch_state``: a ``state_dict`` loaded into ``torch_model()`` (trained weights) instead of its seeded
     initialisation. ``export``: the report's ``converted`` is the port, as its API keeps it, holding PyTorch's weights
-    as they were before the first step (float32), moved with the check's pairing.
+    as they were before the first step (float32), moved with the check's pairing. ``memory_limit`` (bytes): a check
+    whose peak, estimated from the PyTorch model's parameters (:func:`.memory.estimate`), exceeds it raises
+    :class:`.spec.SpecError` once the PyTorch model is built, before anything else is made (``check-port`` passes the
+    memory available). ``progress``: each phase's end written to standard error as the check goes.
     """
     if dtype not in ("float32", "float64"):
         raise SpecError(f"dtype must be float32 or float64, got {dtype!r}")
@@ -1020,8 +1077,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
     # float32 noise is the yardstick.
     with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext(), \
             jax.default_matmul_precision("highest"), old_objects_frozen(), taps.installed(taps.validate(spec.taps)):
-        phases = Phases()
-        run = _prepare(spec, dtype, k, seed, programs, torch_state)
+        phases = Phases("check-port: " if progress else None)
+        run = _prepare(spec, dtype, k, seed, programs, torch_state, memory_limit)
         jax.clear_caches()  # the programs of the port's construction (run op by op, as NNX and Equinox build models)
         phases.mark("PyTorch models built, port paired")
         if export:  # the weights as they start, before any step changes them

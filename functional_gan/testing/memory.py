@@ -89,15 +89,20 @@ class Phase:
 class Phases:
     """Marks taken as a check goes: each phase's end, with the resident memory then and the peak so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, announce: str | None = None) -> None:
         self.start = time.perf_counter()
         self.marks: list[Phase] = []
+        self.announce = announce  # a prefix: each phase's end written to standard error as it comes (progress)
         self.mark("start")
 
     def mark(self, name: str) -> None:
         release()
         resident, peak = _status()
         self.marks.append(Phase(name, resident, peak, time.perf_counter() - self.start))
+        if self.announce and name != "start":
+            now = f"{resident / GIB:.2f} GiB resident, " if resident is not None else ""
+            print(f"{self.announce}{name} ({self.marks[-1].seconds:.0f} s, {now}peak {peak / GIB:.2f} GiB)",
+                  file=sys.stderr, flush=True)
 
     @property
     def peak(self) -> float:
@@ -156,3 +161,104 @@ def op_programs_bounded(held: int = OP_PROGRAMS_HELD):
     finally:
         dispatch.xla_primitive_callable = original
         monitoring.unregister_event_duration_listener(count)
+
+
+# --- the check's size, known before it runs ---------------------------------------------------------------------
+
+GIB = 1024 ** 3
+# What the process holds before the check makes anything (torch, JAX and Flax imported, XLA's CPU client): measured
+# at a small check's start on the project's 2-core machine, 0.6–0.8 GiB.
+BASELINE = 0.8 * GIB
+# A whole-model check's peak less BASELINE, over the model's parameters in float32 bytes, measured: GPT-2 small
+# (124M parameters, AdamW) 6.39 GiB in float32 and 6.35 GiB in float64 with --program jit (12.1×), 7.4–7.65 GiB in
+# float64 with both programs (14.6×); torchvision's ResNet-50 (25.6M, SGD with momentum, 64² images) 1.97 GiB (12.3×).
+# The check holds, per parameter, the reference's and the port's values, their gradients, the optimizers' states and
+# the updates, some of them twice over (float64 twins): a dozen copies at its peak.
+WHOLE = {"float32": 12.5, "float64": 15.0}
+# The same for --by-block's check of the rest of the model (its blocks replaced), measured where one tensor is most of
+# it: Llama-3.2-1B's tied embedding of 128,256 × 2048 (263M parameters) peaked at 21.7 GiB (21.3×), float32, jit.
+OUTSIDE = 21.5
+
+
+@dataclasses.dataclass
+class SizeEstimate:
+    """A check's peak resident memory, estimated from the PyTorch model's parameter counts (bytes)."""
+
+    parameters: int
+    whole: float
+    by_block: float | None  # None: no list of blocks found
+    dtype: str
+
+    def message(self, available: float) -> str:
+        bytes32 = self.parameters * 4
+        line = (f"the whole-model check of this model ({_count(self.parameters)} parameters, {self.dtype}) needs about "
+                f"{self.whole / GIB:.0f} GiB at its peak (estimated: {WHOLE[self.dtype]:g} × its "
+                f"{bytes32 / GIB:.2f} GiB of float32 parameters + {BASELINE / GIB:.1f} GiB), and "
+                f"{available / GIB:.1f} GiB are available: it was not started. ")
+        if self.by_block is not None:
+            line += f"--by-block checks it a block at a time in about {self.by_block / GIB:.1f} GiB (estimated); "
+        return line + "--no-memory-estimate runs it anyway."
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def estimate(model, dtype: str) -> SizeEstimate:
+    """The whole check's peak and, where the model has a list of blocks (the largest ModuleList or Sequential of
+    modules of one class), the block-by-block check's: the PyTorch model held while each block's inputs are recorded,
+    then one block's check (PyTorch's other blocks parked on disk), then the check of the parts outside the blocks."""
+    import torch
+
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    factor = WHOLE[dtype]
+    whole = BASELINE + factor * 4 * total
+    lists = []
+    for module in model.modules():
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            children = list(module.children())
+            if len(children) >= 2 and len({type(c) for c in children}) == 1:
+                sizes = [sum(p.numel() for p in c.parameters()) for c in children]
+                lists.append((sum(sizes), max(sizes)))
+    by_block = None
+    if lists:
+        blocks, largest = max(lists)
+        by_block = BASELINE + max(4 * total * 1.2,  # the recording run
+                                  factor * 4 * largest,  # one block's check (the others parked on disk)
+                                  outside_estimate(total - blocks) - BASELINE)  # the rest of the model
+    return SizeEstimate(total, whole, by_block, dtype)
+
+
+def outside_estimate(parameters: int) -> float:
+    """The peak of --by-block's check of the rest of the model, ``parameters`` outside the blocks (bytes)."""
+    return BASELINE + OUTSIDE * 4 * parameters
+
+
+def available() -> float | None:
+    """The memory the system can give this process now without swapping (``MemAvailable``), in bytes; None where
+    it cannot be read (not Linux)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def estimate_before_building(torch_model, dtype: str) -> SizeEstimate | None:
+    """:func:`estimate` of ``torch_model()`` built on PyTorch's meta device (shapes, no values: a 1B-parameter model in
+    a fraction of a second and no memory), or None where it cannot be built there (a model that loads weights)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = torch_model()
+        return estimate(model, dtype)
+    except Exception:
+        return None
