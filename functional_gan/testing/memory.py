@@ -86,6 +86,9 @@ class Phase:
     seconds: float  # since the check began
 
 
+ANNOUNCE_AFTER = 5.0  # seconds: a check's phases are written as they end from then on (a short check writes none)
+
+
 class Phases:
     """Marks taken as a check goes: each phase's end, with the resident memory then and the peak so far."""
 
@@ -99,7 +102,7 @@ class Phases:
         release()
         resident, peak = _status()
         self.marks.append(Phase(name, resident, peak, time.perf_counter() - self.start))
-        if self.announce and name != "start":
+        if self.announce and name != "start" and self.marks[-1].seconds >= ANNOUNCE_AFTER:
             now = f"{resident / GIB:.2f} GiB resident, " if resident is not None else ""
             print(f"{self.announce}{name} ({self.marks[-1].seconds:.0f} s, {now}peak {peak / GIB:.2f} GiB)",
                   file=sys.stderr, flush=True)
