@@ -441,6 +441,20 @@ def test_a_check_larger_than_the_memory_available_stops_before_it_builds_anythin
         by_block.check_by_block(testing.load_spec(spec), memory_limit=2 ** 30)
 
 
+def test_by_block_leaves_out_the_rest_of_the_model_where_it_alone_does_not_fit(capsys):
+    """The keyword decoder with a vocabulary of 20,000: its embedding and head (1.3M parameters) estimated at 0.90 GiB
+    checked whole, its blocks at 0.81 GiB. With 0.85 GiB the blocks are checked and the rest is not, and the report
+    says why and lists what was not compared."""
+    report = by_block.check_by_block(_keyword_decoder(VOCAB=20_000), "float32", programs=("jit",),
+                                     memory_limit=0.85 * 2 ** 30)
+    text = report.format()
+    assert report.exit_status() == 0 and report.outside_report is None and len(report.blocks) == 3, text
+    assert "Not in any block, and not compared here (checked whole, the 1M parameters outside the blocks need about " \
+           "0.9 GiB (estimated), and 0.8 GiB are available" in text and "embed_tokens.weight" in text, text
+    assert main(["check-port", str(Path(__file__).parent / "corpus" / "keyword_decoder.py"), "--memory-limit", "0"]) == 2
+    assert "--memory-limit must be a positive number of GiB" in capsys.readouterr().err
+
+
 def test_the_estimate_counts_a_tied_tensor_once_and_finds_the_blocks():
     from functional_gan.testing import memory
 

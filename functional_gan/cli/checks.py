@@ -137,6 +137,10 @@ def add_check_port(subparsers) -> None:
                         "each block is checked alone (the spec's blocks(), or PyTorch's largest ModuleList paired with "
                         "the port's list of as many modules), then the model with its blocks replaced by stand-ins (the "
                         "parts outside the blocks, and each block's arguments as the model gives them)")
+    p.add_argument("--memory-limit", type=float, metavar="GIB",
+                   help="the memory the check may take, in GiB, where less than the memory available: a check estimated "
+                        "above it is not started; --by-block leaves out the check of the rest of the model where that "
+                        "alone is estimated above it, and says so")
     p.add_argument("--no-memory-estimate", action="store_true",
                    help="run the check even where its peak memory, estimated from the PyTorch model's parameters once "
                         "it is built, exceeds the memory available (by default it stops there with exit status 2, "
@@ -180,7 +184,11 @@ def run_check_port(args) -> int:
         raise UserError("--save writes what the whole-model check agreed on: it cannot be used with --by-block")
     from functional_gan.testing.memory import available
 
+    if args.memory_limit is not None and not args.memory_limit > 0:
+        raise UserError(f"--memory-limit must be a positive number of GiB, got {args.memory_limit}")
     limit = None if args.no_memory_estimate else available()
+    if args.memory_limit is not None and not args.no_memory_estimate:
+        limit = min(x for x in (limit, args.memory_limit * 2 ** 30) if x is not None)
     try:
         if args.by_block:
             from functional_gan.testing.blocks import check_by_block

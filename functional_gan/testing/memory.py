@@ -189,8 +189,9 @@ class SizeEstimate:
 
     parameters: int
     whole: float
-    by_block: float | None  # None: no list of blocks found
+    by_block: float | None  # the recording and the blocks' checks; None: no list of blocks found
     dtype: str
+    outside: float | None = None  # --by-block's check of the rest of the model (left out where it does not fit)
 
     def message(self, available: float) -> str:
         bytes32 = self.parameters * 4
@@ -199,7 +200,8 @@ class SizeEstimate:
                 f"{bytes32 / GIB:.2f} GiB of float32 parameters + {BASELINE / GIB:.1f} GiB), and "
                 f"{available / GIB:.1f} GiB are available: it was not started. ")
         if self.by_block is not None:
-            line += f"--by-block checks it a block at a time in about {self.by_block / GIB:.1f} GiB (estimated); "
+            line += (f"--by-block checks it a block at a time in about {self.by_block / GIB:.1f} GiB (estimated; the "
+                     f"rest of the model, checked after the blocks where it fits, {self.outside / GIB:.1f} GiB); ")
         return line + "--no-memory-estimate runs it anyway."
 
 
@@ -227,13 +229,13 @@ def estimate(model, dtype: str) -> SizeEstimate:
             if len(children) >= 2 and len({type(c) for c in children}) == 1:
                 sizes = [sum(p.numel() for p in c.parameters()) for c in children]
                 lists.append((sum(sizes), max(sizes)))
-    by_block = None
+    by_block = outside = None
     if lists:
         blocks, largest = max(lists)
         by_block = BASELINE + max(4 * total * 1.2,  # the recording run
-                                  factor * 4 * largest,  # one block's check (the others parked on disk)
-                                  outside_estimate(total - blocks) - BASELINE)  # the rest of the model
-    return SizeEstimate(total, whole, by_block, dtype)
+                                  factor * 4 * largest)  # one block's check (the others parked on disk)
+        outside = outside_estimate(total - blocks)
+    return SizeEstimate(total, whole, by_block, dtype, outside)
 
 
 def outside_estimate(parameters: int) -> float:
