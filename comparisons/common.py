@@ -110,12 +110,12 @@ def _adam_state_from_torch(config, params, adam_by_name: dict, dtype):
     import jax
     import jax.numpy as jnp
 
-    from functional_gan import convert
+    from functional_gan import state_dicts
     from functional_gan.train import make_optimizer
 
     state = make_optimizer(config).init(params)
-    mu = convert.state_dict_to_variables({k: v["exp_avg"] for k, v in adam_by_name.items()})["params"]
-    nu = convert.state_dict_to_variables({k: v["exp_avg_sq"] for k, v in adam_by_name.items()})["params"]
+    mu = state_dicts.state_dict_to_variables({k: v["exp_avg"] for k, v in adam_by_name.items()})["params"]
+    nu = state_dicts.state_dict_to_variables({k: v["exp_avg_sq"] for k, v in adam_by_name.items()})["params"]
     steps = {int(v["step"]) for v in adam_by_name.values()}
     assert len(steps) == 1, "all parameters share Adam's step count"
     adam = state[0]._replace(
@@ -185,7 +185,7 @@ def teacher_forced_step(config, step_fn, snapshot, next_snapshot, real_NCHW, noi
     import jax
     import jax.numpy as jnp
 
-    from functional_gan import convert
+    from functional_gan import state_dicts
 
     state = state_from_snapshot(config, snapshot)
     new_state, metrics = step_fn(
@@ -201,7 +201,7 @@ def teacher_forced_step(config, step_fn, snapshot, next_snapshot, real_NCHW, noi
         ("generator", new_state.generator_params, new_state.generator_batch_stats),
         ("discriminator", new_state.discriminator_params, new_state.discriminator_batch_stats),
     ):
-        state_dict = convert.variables_to_state_dict(params, batch_stats)
+        state_dict = state_dicts.variables_to_state_dict(params, batch_stats)
         for key, value in next_snapshot[name].items():
             if key.endswith("num_batches_tracked"):
                 continue

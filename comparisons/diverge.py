@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from functional_gan import convert, losses, train
+from functional_gan import state_dicts, losses, train
 from functional_gan.config import TUTORIAL, TrainConfig
 from functional_gan.pytorch import dcgan
 from functional_gan.pytorch.precision import default_dtype
@@ -308,7 +308,7 @@ def find_divergence(
             ref = _torch_iteration(*start, real, noise)
             noisy = [_torch_iteration(*side, real.float(), noise.float(), order, ref["D after step"], channels_last)
                      for side, order, channels_last in noisy_sides]
-            d_after = convert.state_dict_to_variables(ref["D after step"])
+            d_after = state_dicts.state_dict_to_variables(ref["D after step"])
             cast = lambda tree: jax.tree_util.tree_map(lambda a: jnp.asarray(a, jdtype), tree)  # noqa: E731
             record = jax.device_get(jax_iteration(
                 state, jnp.asarray(real_NCHW[t].transpose(0, 2, 3, 1), jdtype), jnp.asarray(noise_NCHW[t, :, :, 0, 0], jdtype),
@@ -317,11 +317,11 @@ def find_divergence(
             ours = {name: record[name] for name in ("G", "D(real)", "D(fake.detach())", "D updated (fake)")}
             ours.update(
                 errD=float(record["errD"]), errG=float(record["errG"]),
-                **{"D gradient": convert.variables_to_state_dict(record["d_grads"], {}),
-                   "G gradient": convert.variables_to_state_dict(record["g_grads"], {}),
-                   "D after step": convert.variables_to_state_dict(record["d_params"], record["d_stats"]),
-                   "G after step": convert.variables_to_state_dict(record["g_params"], record["g_stats"]),
-                   "D after iteration": convert.variables_to_state_dict(record["d_params"], record["d_stats_final"])},
+                **{"D gradient": state_dicts.variables_to_state_dict(record["d_grads"], {}),
+                   "G gradient": state_dicts.variables_to_state_dict(record["g_grads"], {}),
+                   "D after step": state_dicts.variables_to_state_dict(record["d_params"], record["d_stats"]),
+                   "G after step": state_dicts.variables_to_state_dict(record["g_params"], record["g_stats"]),
+                   "D after iteration": state_dicts.variables_to_state_dict(record["d_params"], record["d_stats_final"])},
             )
             shadow_updates = {
                 "D": [_parameters(step_with_gradients(s[1], s[3], ours["D gradient"])) for s in shadows],
@@ -395,7 +395,7 @@ def diverge_files(generator: str | os.PathLike, discriminator: str | os.PathLike
                   dtype: str = "float64", tolerance: float | None = None, settings: TrainConfig = TUTORIAL,
                   k: float = judge.DEFAULT_K):
     """:func:`find_divergence` on files (the tutorial's state_dicts, an .npz of batches, as ``replay`` reads)."""
-    generator_sd = convert.load_state_dict_file(generator)
-    discriminator_sd = convert.load_state_dict_file(discriminator)
+    generator_sd = state_dicts.load_state_dict_file(generator)
+    discriminator_sd = state_dicts.load_state_dict_file(discriminator)
     real, noise = load_batches(batches)
     return find_divergence(generator_sd, discriminator_sd, real, noise, dtype, tolerance, settings, k)

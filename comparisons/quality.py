@@ -125,9 +125,9 @@ def digits_batches(spec: QualitySpec, seed: int) -> tuple[np.ndarray, np.ndarray
 
 def sample_images(generator_sd: dict, spec: QualitySpec, num: int, seed: int = 123) -> np.ndarray:
     """Samples of a trained G (JAX forward, train-mode BatchNorm as the tutorial), NHWC in [−1, 1]."""
-    from functional_gan import convert
+    from functional_gan import state_dicts
 
-    variables = convert.state_dict_to_variables(generator_sd)
+    variables = state_dicts.state_dict_to_variables(generator_sd)
     generator, _ = make_models(spec.run)
     z = jax.random.normal(jax.random.key(seed), (num, spec.run.nz))
     return np.asarray(generator.apply(variables, z, mutable=["batch_stats"])[0])

@@ -29,7 +29,7 @@ _xla_guard.guard()
 # load JAX; ``from functional_gan import gan_step`` works as before.
 _WHERE = {
     "config": ("TUTORIAL", "TrainConfig"),
-    "convert": ("load_state_dict_file", "save_state_dict_file", "state_dict_to_variables", "variables_to_state_dict"),
+    "state_dicts": ("load_state_dict_file", "save_state_dict_file", "state_dict_to_variables", "variables_to_state_dict"),
     "errors": ("UserError",),
     "layers": ("BatchNorm2d", "Conv2d", "ConvTranspose2d", "bce_loss", "conv2d", "conv_transpose2d"),
     "losses": ("LOSSES", "GANLoss", "config_for_loss", "losses_for"),

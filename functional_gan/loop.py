@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 from tqdm.auto import tqdm
 
-from functional_gan import checkpoints, convert, plots
+from functional_gan import checkpoints, plots, state_dicts
 from functional_gan.config import TUTORIAL, ConfigError, TrainConfig
 from functional_gan.data import DataError, Dataset, load_dataset
 from functional_gan.distributed import (
@@ -258,8 +258,8 @@ def _initial_weights(config: TrainConfig, init_generator, init_discriminator) ->
         return None, ""
     initial = state_from_state_dicts(
         config,
-        None if init_generator is None else convert.load_state_dict_file(init_generator),
-        None if init_discriminator is None else convert.load_state_dict_file(init_discriminator),
+        None if init_generator is None else state_dicts.load_state_dict_file(init_generator),
+        None if init_discriminator is None else state_dicts.load_state_dict_file(init_discriminator),
     )
     sources = [f"{name} from {path}" for name, path in (("generator", init_generator), ("discriminator", init_discriminator)) if path]
     return initial, f"Initial weights: {', '.join(sources)} (PyTorch state_dicts); Adam states start fresh"
@@ -497,8 +497,8 @@ def sample_from_state_dict(
     Returns the config the weights imply.
     """
     out = _check_sample_request(out, num)
-    state_dict = convert.load_state_dict_file(generator)
-    config = dataclasses.replace(TUTORIAL, **convert.infer_generator_shape(state_dict)).validate()
+    state_dict = state_dicts.load_state_dict_file(generator)
+    config = dataclasses.replace(TUTORIAL, **state_dicts.infer_generator_shape(state_dict)).validate()
     _write_samples(config, state_from_state_dicts(config, state_dict, None), out, num, seed, eval_bn)
     return config
 
@@ -517,10 +517,10 @@ def export_checkpoint(
     restored = checkpoints.load_newest_good(checkpoint)
     state = restored.state
     if generator is not None:
-        convert.save_state_dict_file(convert.variables_to_state_dict(state.generator_params, state.generator_batch_stats), generator)
+        state_dicts.save_state_dict_file(state_dicts.variables_to_state_dict(state.generator_params, state.generator_batch_stats), generator)
     if discriminator is not None:
-        convert.save_state_dict_file(
-            convert.variables_to_state_dict(state.discriminator_params, state.discriminator_batch_stats), discriminator
+        state_dicts.save_state_dict_file(
+            state_dicts.variables_to_state_dict(state.discriminator_params, state.discriminator_batch_stats), discriminator
         )
     return restored
 

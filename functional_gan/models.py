@@ -2,7 +2,7 @@
 
 The layer lists are the tutorial's ``self.main = nn.Sequential(...)``; every submodule is named
 ``main_N`` after its index N in that Sequential, so the PyTorch ``state_dict`` key ``main.N.weight``
-is the Flax parameter ``params['main_N']['weight']`` (see :mod:`functional_gan.convert`).
+is the Flax parameter ``params['main_N']['weight']`` (see :mod:`functional_gan.state_dicts`).
 
 Image size 64 is the tutorial's; 32 removes one stride-2 block and 128 adds one.
 """

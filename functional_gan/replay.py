@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_gan import convert
+from functional_gan import state_dicts
 from functional_gan.losses import LOSSES
 from functional_gan.config import TUTORIAL, TrainConfig
 from functional_gan.errors import UserError
@@ -38,8 +38,8 @@ class ReplayResult:
 
 def config_from_state_dicts(generator_sd, discriminator_sd, batch_size: int, settings: TrainConfig = TUTORIAL) -> TrainConfig:
     """``settings`` (its optimizer and loss settings) with the model widths and image size read off the state_dict shapes."""
-    g = convert.infer_generator_shape(generator_sd)
-    d = convert.infer_discriminator_shape(discriminator_sd)
+    g = state_dicts.infer_generator_shape(generator_sd)
+    d = state_dicts.infer_discriminator_shape(discriminator_sd)
     if g["nc"] != d["nc"] or g["image_size"] != d["image_size"]:
         raise ReplayInputError(f"generator ({g}) and discriminator ({d}) disagree on channels or image size")
     return dataclasses.replace(
@@ -51,7 +51,7 @@ def state_from_state_dicts(config: TrainConfig, generator_sd, discriminator_sd, 
     """A GANState with fresh Adam states holding the given weights (``state_dict`` arrays), cast to ``dtype``.
 
     Either state_dict may be None: that network is initialised as a fresh run's would be
-    (``init_state(config)``). Raises :class:`~functional_gan.convert.CheckpointFormatError` naming
+    (``init_state(config)``). Raises :class:`~functional_gan.state_dicts.CheckpointFormatError` naming
     each key whose shape does not fit the models ``config`` describes (and each missing or
     unexpected key).
 
@@ -66,8 +66,8 @@ def state_from_state_dicts(config: TrainConfig, generator_sd, discriminator_sd, 
         if state_dict is None:
             variables[name] = {"params": params, "batch_stats": batch_stats}
         else:
-            convert.check_state_dict(state_dict, convert.state_dict_shapes(params, batch_stats), name)
-            variables[name] = convert.state_dict_to_variables(state_dict)
+            state_dicts.check_state_dict(state_dict, state_dicts.state_dict_shapes(params, batch_stats), name)
+            variables[name] = state_dicts.state_dict_to_variables(state_dict)
 
     def cast(tree):
         return jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype if np.issubdtype(np.asarray(a).dtype, np.floating) else None), tree)
@@ -145,8 +145,8 @@ def replay(
         metrics = jax.device_get(metrics)
         result = ReplayResult(
             metrics={k: np.array([float(getattr(m, k)) for m in metrics]) for k in METRIC_NAMES},
-            generator_state_dict=convert.variables_to_state_dict(state.generator_params, state.generator_batch_stats),
-            discriminator_state_dict=convert.variables_to_state_dict(state.discriminator_params, state.discriminator_batch_stats),
+            generator_state_dict=state_dicts.variables_to_state_dict(state.generator_params, state.generator_batch_stats),
+            discriminator_state_dict=state_dicts.variables_to_state_dict(state.discriminator_params, state.discriminator_batch_stats),
             config=config,
         )
     return result
@@ -168,16 +168,16 @@ def replay_files(
 
     Everything is read and checked before anything is written.
     """
-    generator_sd = convert.load_state_dict_file(generator)
-    discriminator_sd = convert.load_state_dict_file(discriminator)
+    generator_sd = state_dicts.load_state_dict_file(generator)
+    discriminator_sd = state_dicts.load_state_dict_file(discriminator)
     real, noise = load_batches(batches)
     mix = load_batches(batches, "mix")[0] if LOSSES[settings.loss].mix else None
     result = replay(generator_sd, discriminator_sd, real, noise, dtype, settings, mix)
     save_metrics(result, out)
     if out_generator:
-        convert.save_state_dict_file(result.generator_state_dict, out_generator)
+        state_dicts.save_state_dict_file(result.generator_state_dict, out_generator)
     if out_discriminator:
-        convert.save_state_dict_file(result.discriminator_state_dict, out_discriminator)
+        state_dicts.save_state_dict_file(result.discriminator_state_dict, out_discriminator)
     return result
 
 

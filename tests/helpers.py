@@ -13,7 +13,7 @@ import numpy as np
 
 import dataclasses
 
-from functional_gan import convert
+from functional_gan import state_dicts
 from functional_gan.comparisons.common import max_state_difference  # noqa: F401  (the one state-difference helper)
 from functional_gan.config import TrainConfig
 from functional_gan.replay import state_from_state_dicts
@@ -94,7 +94,7 @@ def state_from_torch(config, net_g, net_d) -> GANState:
 def max_state_dict_difference(jax_params, jax_batch_stats, torch_module) -> float:
     from functional_gan.pytorch.dcgan import state_dict_numpy
 
-    return max_state_difference(convert.variables_to_state_dict(jax_params, jax_batch_stats), state_dict_numpy(torch_module))
+    return max_state_difference(state_dicts.variables_to_state_dict(jax_params, jax_batch_stats), state_dict_numpy(torch_module))
 
 
 def free_port() -> int:

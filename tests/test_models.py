@@ -8,7 +8,7 @@ import torch
 
 import dataclasses
 
-from functional_gan import convert
+from functional_gan import state_dicts
 from functional_gan.config import TUTORIAL
 from functional_gan.models import count_params
 from functional_gan.pytorch import dcgan
@@ -47,7 +47,7 @@ def test_state_dict_keys_and_shapes_match_pytorch(image_size, key):
         (g_vars, dcgan.Generator(ngf=8, image_size=image_size)),
         (d_vars, dcgan.Discriminator(ndf=8, image_size=image_size)),
     ):
-        ours = convert.variables_to_state_dict(variables["params"], variables["batch_stats"])
+        ours = state_dicts.variables_to_state_dict(variables["params"], variables["batch_stats"])
         theirs = module.state_dict()
         assert list(ours) == list(theirs)
         assert {k: v.shape for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
@@ -57,8 +57,8 @@ def test_state_dict_keys_and_shapes_match_pytorch(image_size, key):
 def test_generator_and_discriminator_forward_match_pytorch(image_size):
     config = dataclasses.replace(TUTORIAL, nz=10, ngf=4, ndf=4, image_size=image_size)
     net_g, net_d = dcgan.make_models(config, dtype=torch.float64)
-    g_vars = convert.state_dict_to_variables(dcgan.state_dict_numpy(net_g))
-    d_vars = convert.state_dict_to_variables(dcgan.state_dict_numpy(net_d))
+    g_vars = state_dicts.state_dict_to_variables(dcgan.state_dict_numpy(net_g))
+    d_vars = state_dicts.state_dict_to_variables(dcgan.state_dict_numpy(net_d))
     z = np.random.default_rng(0).normal(size=(3, 10, 1, 1))
     generator, discriminator = make_models(config)
     with jax.enable_x64(True):

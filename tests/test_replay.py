@@ -8,7 +8,7 @@ import torch
 
 import dataclasses
 
-from functional_gan import convert
+from functional_gan import state_dicts
 from functional_gan.comparisons.common import SMALL_WIDTHS, make_batches, max_state_difference
 from functional_gan.main import main
 from functional_gan.pytorch import dcgan as torch_reference
@@ -55,12 +55,12 @@ def test_state_dict_round_trip_is_exact(tmp_path):
     net_g, net_d = torch_reference.make_models(dataclasses.replace(SPEC, nz=10, ngf=4, ndf=4))
     for net in (net_g, net_d):
         original = torch_reference.state_dict_numpy(net)
-        variables = convert.state_dict_to_variables(original)
-        back = convert.variables_to_state_dict(variables["params"], variables["batch_stats"])
+        variables = state_dicts.state_dict_to_variables(original)
+        back = state_dicts.variables_to_state_dict(variables["params"], variables["batch_stats"])
         assert list(back) == list(original)
         assert all(np.array_equal(back[k], original[k]) and back[k].dtype == original[k].dtype for k in original)
-        convert.save_state_dict_file(back, tmp_path / "w.safetensors")
-        again = convert.load_state_dict_file(tmp_path / "w.safetensors")
+        state_dicts.save_state_dict_file(back, tmp_path / "w.safetensors")
+        again = state_dicts.load_state_dict_file(tmp_path / "w.safetensors")
         assert all(np.array_equal(again[k], original[k]) for k in original)
 
 
@@ -73,8 +73,8 @@ def test_a_pickle_carrying_code_is_refused(tmp_path, capsys):
     path = tmp_path / "evil.pt"
     with path.open("wb") as f:
         pickle.dump({"main.0.weight": _Exploit()}, f)
-    with pytest.raises(convert.CheckpointFormatError, match="weights-only"):
-        convert.load_state_dict_file(path)
+    with pytest.raises(state_dicts.CheckpointFormatError, match="weights-only"):
+        state_dicts.load_state_dict_file(path)
     assert "this code must never run" not in capsys.readouterr().out
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from functional_gan import convert, losses
+from functional_gan import state_dicts, losses
 from functional_gan.config import ConfigError
 from functional_gan.losses import config_for_loss
 from functional_gan.data import make_fake
@@ -60,7 +60,7 @@ def test_critic_has_no_batchnorm_no_sigmoid_and_the_pytorch_critics_state_dict()
     assert state.discriminator_batch_stats == {}
     net_g, net_c = _torch_models()
     assert not any(isinstance(m, (torch.nn.BatchNorm2d, torch.nn.Sigmoid)) for m in net_c.modules())
-    expected = convert.state_dict_shapes(state.discriminator_params, state.discriminator_batch_stats)
+    expected = state_dicts.state_dict_shapes(state.discriminator_params, state.discriminator_batch_stats)
     assert {k: tuple(v.shape) for k, v in net_c.state_dict().items()} == expected
     # The same weights give the same scores (float64); scores, not probabilities (no sigmoid: negative ones occur).
     with jax.enable_x64():
@@ -82,7 +82,7 @@ def _critic_loss_and_grads(config, net_c_state_dict, real, fake, alpha, penalty_
             critic, state.discriminator_params, {}, jnp.asarray(nchw_to_nhwc(real)), jnp.asarray(nchw_to_nhwc(fake)),
             jnp.asarray(alpha), config.gp_weight,
         )
-        return float(loss), convert.variables_to_state_dict(jax.device_get(grads), {})
+        return float(loss), state_dicts.variables_to_state_dict(jax.device_get(grads), {})
 
 
 def _torch_critic_loss_and_grads(config, net_c, real, fake, alpha):
@@ -215,8 +215,8 @@ def test_cli_replays_a_pytorch_wgan_gp_run_in_float64(tmp_path, capsys):
     spec = dataclasses.replace(SMALL, n_critic=3, steps=6, seed=0)  # two generator updates
     run = reference_runs.run_loss(spec, "float64")
     paths = {name: tmp_path / f"{name}.pt" for name in ("G", "C")}
-    convert.save_state_dict_file(run.initial_generator, paths["G"])
-    convert.save_state_dict_file(run.initial_discriminator, paths["C"])
+    state_dicts.save_state_dict_file(run.initial_generator, paths["G"])
+    state_dicts.save_state_dict_file(run.initial_discriminator, paths["C"])
     real, noise = make_batches(spec)
     np.savez(tmp_path / "batches.npz", real=real, noise=noise, mix=make_mix(spec))
     common = ["replay", "--generator", str(paths["G"]), "--discriminator", str(paths["C"]), "--dtype", "float64",
@@ -225,7 +225,7 @@ def test_cli_replays_a_pytorch_wgan_gp_run_in_float64(tmp_path, capsys):
     with np.load(tmp_path / "metrics.npz") as ours:
         for name, theirs in run.metrics.items():
             np.testing.assert_allclose(ours[name], theirs, rtol=0, atol=1e-10, err_msg=name)
-    final = convert.load_state_dict_file(tmp_path / "C2.pt")
+    final = state_dicts.load_state_dict_file(tmp_path / "C2.pt")
     assert max_state_difference(final, run.final_discriminator) <= 1e-10
     np.savez(tmp_path / "no_mix.npz", real=real, noise=noise)
     capsys.readouterr()

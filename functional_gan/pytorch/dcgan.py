@@ -171,7 +171,7 @@ def tutorial_iteration(net_g, net_d, optimizer_g, optimizer_d, criterion, real, 
 
 
 def state_dict_numpy(module: nn.Module) -> dict[str, np.ndarray]:
-    """A module's state_dict as NumPy arrays (what :mod:`functional_gan.convert` consumes)."""
+    """A module's state_dict as NumPy arrays (what :mod:`functional_gan.state_dicts` consumes)."""
     return {key: value.detach().cpu().numpy().copy() for key, value in module.state_dict().items()}  # a copy: training mutates the tensors in place
 
 

@@ -15,8 +15,12 @@ The way ``numpy.testing`` and ``torch.testing`` read. The pieces, one concern ea
 * :mod:`.report`: its rows, verdict and forms (text, Markdown, JSON);
 * :mod:`.convert`: a PyTorch ``state_dict`` converted into the port's weights, checked first
   (:func:`.convert.convert`), and read back (:func:`load_converted`);
+* :mod:`.precision`: what a float32 finding's likely causes are, and the counterfactual runs that verify one;
+* :mod:`.widen`: a port's float32 islands found in its program, and the program with them computed in float64;
+* :mod:`.taps`: rows inside a layer, from functions the spec names on each side (``TAPS``);
 * :mod:`.blocks`: the check one block at a time (:func:`check_by_block`), for models whose whole check does not fit;
-* :mod:`.memory`: the check's resident memory phase by phase.
+  :mod:`.outside`: its check of the rest of the model, each block replaced by a stand-in;
+* :mod:`.memory`: the check's resident memory phase by phase, and its size estimated before it runs.
 
 Needs the torch extra (and equinox for Equinox ports), except :func:`load_converted` and :func:`tap`: the names are
 imported when first used, so that reading converted weights back needs no PyTorch.

@@ -1,6 +1,6 @@
 """The JAX side of ``check-port``, one adapter per API: Flax Linen, Flax NNX, Equinox and plain functions.
 
-The core (:mod:`.port`) sees every port the same way, as Linen does: a dict of variables
+The check (:mod:`.check`) sees every port the same way, as Linen does: a dict of variables
 ``{"params": {...}, "batch_stats": {...}}`` nested by module path in definition order, and a pure
 function ``apply(variables, inputs, capture) -> (output, new batch_stats, {module path: output})`` it
 can differentiate, jit and run op by op. Each adapter turns its API's model into that form and back:

@@ -61,7 +61,7 @@ def read_weights(path: str | os.PathLike, model) -> dict:
     every key missing or unexpected and every shape that differs."""
     import torch
 
-    from functional_gan.convert import CheckpointFormatError, load_state_dict_file
+    from functional_gan.state_dicts import CheckpointFormatError, load_state_dict_file
 
     try:
         arrays = load_state_dict_file(path)
