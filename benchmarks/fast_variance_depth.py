@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         worst = max(report.precision_findings or report.precision_notes or report.rows, key=lambda r: r.port_error)
         lines += [f"## {dtype}: exit {report.exit_status()} ({seconds:.0f} s)", "",
                   f"{len(report.precision_findings)} precision findings, {len(report.precision_notes)} notes; the "
-                  f"largest error {worst.port_error:.3g} of its scale at {worst.stage}, {worst.name} "
+                  f"largest error {worst.port_error:.3g} of its scale at {worst.label}, {worst.name} "
                   f"({worst.ratio:.1f}× PyTorch's own {worst.noise:.3g})", ""]
         lines += [f"- {cause}" for cause in report.causes] + [""]
         print("\n".join(lines[-6:]), flush=True)

@@ -126,11 +126,17 @@ class Row:
     # float64: the error of the port's own lower-precision islands (a cast to float32 inside), |JAX − JAX with its
     # casts removed| / scale: the row is judged against that precision's noise too
     island_noise: float | None = None
+    step: int | None = None  # the step of a check over several steps (1, 2, …); None for one step
 
     @property
     def key(self) -> tuple[str, str]:
-        """(stage, name) without the "step N: " of a check over several steps: the same quantity at every step."""
-        return self.stage.split(": ")[-1], self.name
+        """(stage, name): the same quantity at every step."""
+        return self.stage, self.name
+
+    @property
+    def label(self) -> str:
+        """The stage as a report shows it: ``"step 2: update"`` in a check over several steps, else ``"update"``."""
+        return self.stage if self.step is None else f"step {self.step}: {self.stage}"
 
     @property
     def passed(self) -> bool:

@@ -75,7 +75,7 @@ def test_a_float32_island_inside_a_float64_model_is_named_and_judged_at_its_prec
         ["the port computes its module norm1", "the port computes its module norm2"] if island != "torch" else []), \
         report.notes
     # judged against the island's precision: an allowance of float32's size where it shows, float64's before it
-    rows = {r.key: r for r in report.rows if r.stage.startswith("step 2")}
+    rows = {r.key: r for r in report.rows if r.step == 2}
     assert rows["forward", "up"].allowed < 1e-14 and rows["forward", "norm2"].allowed > 1e-8
 
 

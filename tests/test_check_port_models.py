@@ -338,14 +338,14 @@ def test_a_wrong_update_where_the_true_gradient_is_zero_is_a_divergence_not_roun
     divergence, named there; the same port without it agrees."""
     correct = testing.check_port(_attention_spec(), steps=2)
     assert_agrees(correct)
-    gradient = next(r for r in correct.rows if r.stage == "step 1: gradient" and r.name == "k.bias")
+    gradient = next(r for r in correct.rows if (r.step, r.stage, r.name) == (1, "gradient", "k.bias"))
     assert gradient.scale < 1e-15 and abs(gradient.jax_value) > 1e-12  # zero but for rounding, and float32's is larger
-    update = next(r for r in correct.rows if r.stage == "step 1: update" and r.name == "k.bias")
+    update = next(r for r in correct.rows if (r.step, r.stage, r.name) == (1, "update", "k.bias"))
     assert update.jax_noise < update.allowed  # the update's own float32 error, from the same gradients, is small
 
     wrong = testing.check_port(_attention_spec(1.01), steps=2)
     first = wrong.first_divergence
-    assert (first.stage, first.name) == ("step 1: update", "k.bias"), wrong.format()
+    assert (first.step, first.stage, first.name) == (1, "update", "k.bias"), wrong.format()
     assert first.twin_error > first.allowed  # the float64 twin from the same gradients is wrong too: the mathematics
     assert wrong.exit_status() == 1
 
@@ -575,7 +575,7 @@ def test_a_tied_embedding_pairs_once_and_its_gradient_sums_over_its_uses(dtype):
     assert report.tied == {"lm_head.weight": "wte.weight"}
     assert re.search(r"lm_head\.weight  =  wte\.weight +\(tied: one tensor, paired once", report.format())
     assert [p.torch_key for p in report.pairings] == ["wte.weight", "mix.weight", "mix.bias"]
-    gradient = next(r for r in report.rows if r.stage == "step 1: gradient" and r.name == "wte.weight")
+    gradient = next(r for r in report.rows if (r.step, r.stage, r.name) == (1, "gradient", "wte.weight"))
     assert gradient.passed  # the sum over both uses: the embedding's and the output layer's
 
 

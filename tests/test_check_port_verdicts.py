@@ -187,8 +187,9 @@ def _stateful_spec(after_first: bool) -> testing.Spec:
 def test_a_batchnorm_that_changes_after_its_first_call_is_named_at_step_2s_forward():
     report = testing.check_port(_stateful_spec(after_first=True), "float32", steps=3, programs=("jit",))
     first = report.first_divergence
-    assert first is not None and (first.stage, first.name) == ("step 2: forward", "bn"), report.format()
-    assert all(r.passed for r in report.rows if r.stage.startswith("step 1"))  # its first call is PyTorch's
+    assert first is not None and (first.step, first.stage, first.name) == (2, "forward", "bn"), report.format()
+    assert first.label == "step 2: forward"
+    assert all(r.passed for r in report.rows if r.step == 1)  # its first call is PyTorch's
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -198,7 +199,7 @@ def test_a_correct_stateful_equinox_port_with_a_required_key_passes_three_steps(
     assert report.api == "Equinox" and "eqx.nn.State" in report.carried
     assert "each starts from PyTorch's parameters (teacher forcing) and the port's own state (the eqx.nn.State" \
         in report.format()
-    assert [r.name for r in report.rows if r.stage == "step 3: buffer"] == ["bn.running_mean", "bn.running_var"]
+    assert [r.name for r in report.rows if (r.step, r.stage) == (3, "buffer")] == ["bn.running_mean", "bn.running_var"]
 
 
 # --- 3. float64 grounded in PyTorch's own float64 error ----------------------------------------------------------

@@ -108,7 +108,7 @@ class BlockReport:
             worst = max(report.rows, key=_badness) if report.rows else None
             verdict = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE",
                        EXIT_PRECISION: "precision"}[report.exit_status(self.allow_precision)]
-            where = f"{worst.stage}, {worst.name}" if worst else ""
+            where = f"{worst.label}, {worst.name}" if worst else ""
             lines.append(f"  {name:<28} {len(report.rows):>5}  {verdict:<12} {_measure(worst) if worst else '':>9}  "
                          f"{where}")
         if self.outside_report is not None:
@@ -128,7 +128,7 @@ class BlockReport:
             word = "diverges" if report.exit_status(self.allow_precision) == EXIT_DIVERGENCE else "has precision findings"
             title = "The model outside the blocks" if name == OUTSIDE else f"Block {name}"
             lines += ["", f"{title}, in full:", "", report.format(), "",
-                      f"{title} {word} first: {first.stage}, {first.name} (its report above)."]
+                      f"{title} {word} first: {first.label}, {first.name} (its report above)."]
         text = "\n".join(lines)
         return f"```text\n{text}\n```\n" if markdown else text
 
@@ -621,8 +621,8 @@ def _checked_by_block(spec, dtype, steps, k, seed, programs, blocks, records, te
         report.memory = report.converted = None
         # The block's loss, sum(output · cotangent), is the checker's own construction, not a quantity of the model (a
         # sum of B·T·C terms that cancel, whose float32 rounding depends on the order of summation alone): not judged.
-        report.rows = [row for row in report.rows if row.stage.split(": ")[-1] != "loss"]
-        report.other_rows = [row for row in report.other_rows if row.stage.split(": ")[-1] != "loss"]
+        report.rows = [row for row in report.rows if row.stage != "loss"]
+        report.other_rows = [row for row in report.other_rows if row.stage != "loss"]
         for row in report.rows + report.other_rows:  # named as in the whole model
             row.name = _in_model(name, row.name)
         report.hints = {(stage, _in_model(name, row)): hint for (stage, row), hint in report.hints.items()}

@@ -287,13 +287,14 @@ def _port_variant(run: _Run, function, start: dict) -> dict:
         return _collected(run, lambda: function(start, inputs, targets, None))
 
 
-def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, measures: dict,
+def _rows(run: _Run, step: int | None, seen: dict, jax_seen: dict, fed: dict | None, measures: dict,
           update64: dict | None, stages=BEFORE_UPDATE + FROM_UPDATE, variation: dict | None = None,
           island: dict | None = None) -> list[Row]:
     """Every quantity of one step of the ``stages`` asked for compared, in debugging order. ``measures``: JAX's own
     float32 error up to the gradients (see :func:`_twin_measures`); ``update64``: the port's optimizer in float64 fed
     this program's gradients, its own float32 error at the update stage; ``variation``: float64, the port's own
-    variation up to the gradients (:func:`_port_variation`)."""
+    variation up to the gradients (:func:`_port_variation`); ``step``: the step's number on each row, in a check over
+    several steps (None for one)."""
     rows = []
     variation, island = variation or {}, island or {}
     for stage, name, pick, reference, noise, port_shape in _quantities(run, seen, jax_seen, fed, stages):
@@ -308,8 +309,10 @@ def _rows(run: _Run, prefix: str, seen: dict, jax_seen: dict, fed: dict | None, 
             port, reference = _broadcast_equal(run, f"{stage}, {name}", port, reference)
         port_noisy = [variation[stage, name]] if (stage, name) in variation else []
         island_noisy = [island[stage, name]] if (stage, name) in island else []
-        rows.append(compare(prefix + stage, name, port, reference, [noise], run.dtype, run.k, port_shape=port_shape,
-                            jax_noisy=jax_noisy, float64_noise=True, port_noisy=port_noisy, island_noisy=island_noisy))
+        row = compare(stage, name, port, reference, [noise], run.dtype, run.k, port_shape=port_shape,
+                      jax_noisy=jax_noisy, float64_noise=True, port_noisy=port_noisy, island_noisy=island_noisy)
+        row.step = step
+        rows.append(row)
     return rows
 
 
@@ -927,7 +930,7 @@ def _known_causes(run: _Run, report: Report) -> dict:
     modules = {p.torch_key: p.jax_path[:-1] for p in run.pairings}
     hints = {}
     for row in report.rows + report.other_rows:
-        stage = row.stage.split(": ")[-1]
+        stage = row.stage
         if row.diverged and stage == "gradient" and row.name.startswith("(input"):
             hints[(stage, row.name)] = (
                 "a path that only the input's gradient takes is cut or changed (every parameter's gradient before "
@@ -1222,11 +1225,11 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     phases.mark(f"step {step}: the port in float64 ({twin_program})")
                 # Up to the gradients compared first; at the last step, once the last program's are, PyTorch's
                 # gradients are let go (a model of 124M parameters: 1 GB in float64) before its optimizers are fed.
-                prefix = f"step {step}: " if steps > 1 else ""
+                numbered = step if steps > 1 else None
                 reference_gradients()
                 variation = _port_variation(run, seen, outcome, variant)
                 island = _island_measures(run, seen, outcome, wide)
-                computed = _rows(run, prefix, seen, outcome, None, measures, None, BEFORE_UPDATE, variation, island)
+                computed = _rows(run, numbered, seen, outcome, None, measures, None, BEFORE_UPDATE, variation, island)
                 if port_islands and step == 1 and program == programs[0]:
                     _name_port_islands(run, port_islands, computed)
                 rows[program] += computed
@@ -1242,7 +1245,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                                                                        None))
                     del counter_start
                     run.counterfactuals["use_fast_variance=False"] = {
-                        r.key: r for r in _rows(run, prefix, seen, counter, None, {}, None, BEFORE_UPDATE + ("buffer",),
+                        r.key: r for r in _rows(run, numbered, seen, counter, None, {}, None, BEFORE_UPDATE + ("buffer",),
                                                 variation)}
                     del counter
                     _let_go_of_programs(program)
@@ -1269,13 +1272,13 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     in_place = last and program == order[-1] and run.shadows[program].get("ref") is None
                     fed = _fed_updates(run, program, params_state, outcome["grads"], last=last, in_place=in_place)
                     phases.mark(f"step {step}: PyTorch's optimizers fed {program}'s gradients")
-                updated = _rows(run, prefix, seen, outcome, fed, measures, update64, FROM_UPDATE, variation, island)
+                updated = _rows(run, numbered, seen, outcome, fed, measures, update64, FROM_UPDATE, variation, island)
                 del variation, island
                 rows[program] += updated
                 if counter_update is not None:
-                    if any(not r.passed for r in updated if r.stage.endswith("update")):
+                    if any(not r.passed for r in updated if r.stage == "update"):
                         run.counterfactuals["exact bias corrections"] = {
-                            r.key: r for r in _rows(run, prefix, seen, counter_update, fed, {}, None, ("update",))}
+                            r.key: r for r in _rows(run, numbered, seen, counter_update, fed, {}, None, ("update",))}
                 del outcome, fed, update64, counter_update
                 if last:  # this program's update-stage optimizers are done, and their working models with them (the
                     # next program's builds its own: a gigabyte for 124M parameters, not held in between)

@@ -234,7 +234,7 @@ def record_of(report, spec, weights: str | os.PathLike | None) -> dict:
         "verdict": {"exit_status": report.exit_status(), "quantities": len(report.rows), "dtype": report.dtype,
                     "mode": "training (TRAIN = True)" if report.train else "eval (TRAIN = False)",
                     "programs": list(report.programs), "steps": report.steps, "k": report.k, "worst_ratio": worst,
-                    "worst_at": None if worst is None else next(f"{r.stage}, {r.name}" for r in report.rows
+                    "worst_at": None if worst is None else next(f"{r.label}, {r.name}" for r in report.rows
                                                                 if r.ratio == worst),
                     "precision_findings": len(report.precision_findings)},
         "versions": _versions(),

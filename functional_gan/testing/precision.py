@@ -31,7 +31,7 @@ from functional_gan.comparisons.judge import Row
 def start_of(findings: list[Row]) -> Row | None:
     """Where the imprecision starts: the first forward (or output) row among the findings, else the first one."""
     for row in findings:
-        if row.stage.split(": ")[-1] in ("forward", "output"):
+        if row.stage in ("forward", "output"):
             return row
     return findings[0] if findings else None
 
@@ -122,7 +122,7 @@ def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, laye
     causes = []
     # Where the findings are: an optimizer's arithmetic shows in the updates alone; a normalisation's or a sum's in the
     # forward pass first, and in the gradients and running statistics that inherit it.
-    stages = {row.stage.split(": ")[-1] for row in findings}
+    stages = {row.stage for row in findings}
     computed = bool(stages - {"update"})
     verification = _verification(verified, findings) if fast_variance and computed else None
     if fast_variance and computed and verification != "":

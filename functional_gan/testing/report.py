@@ -112,8 +112,8 @@ class Report:
         first = self.first_divergence
         if first is None or len(self.programs) < 2:
             return None
-        twins = {(r.stage, r.name): r for r in (self.other_rows if first in self.rows else self.rows)}
-        twin = twins.get((first.stage, first.name))
+        twins = {(r.step, r.stage, r.name): r for r in (self.other_rows if first in self.rows else self.rows)}
+        twin = twins.get((first.step, first.stage, first.name))
         if twin is None or twin.diverged:
             return None
         return self.programs[0] if first in self.rows else self.programs[1]
@@ -130,7 +130,7 @@ class Report:
                "within 1e-10 of each scale, in a port that computes with an algorithm known to lose precision: the "
                "mathematics is right, the port's float64 arithmetic is less accurate than PyTorch's")
         text = (f"Precision: {count} {min(ratios):.1f}–{max(ratios):.1f}× PyTorch's own {self.dtype} error "
-                f"(allowed {self.k:g}×) {why}. It starts at {start.stage}, {start.name} ({start.ratio:.1f}×).")
+                f"(allowed {self.k:g}×) {why}. It starts at {start.label}, {start.name} ({start.ratio:.1f}×).")
         for cause in self.causes:
             text += f"\nLikely cause: {cause}"
         return text + ("\n" + self._notes_text() if self._notes_text() else "")
@@ -142,7 +142,7 @@ class Report:
         worst = max(notes, key=lambda r: r.port_error)
         text = (f"Note: {len(notes)} quantit{'y is' if len(notes) == 1 else 'ies are'} beyond k × PyTorch's own "
                 f"{self.dtype} error by the port's own rounding (the mathematics right), each within √eps "
-                f"({SIGNIFICANT[self.dtype]:.2g}) of its scale, the largest {worst.port_error:.2g} ({worst.stage}, "
+                f"({SIGNIFICANT[self.dtype]:.2g}) of its scale, the largest {worst.port_error:.2g} ({worst.label}, "
                 f"{worst.name}): a difference that changes no training run; not a failure.")
         if not self.precision_findings:
             for cause in self.causes:
@@ -171,16 +171,16 @@ class Report:
             return text + "." + ("\n" + precision if precision else "")
         if first.shapes is not None:
             port_shape, torch_shape = first.shapes
-            text = (f"First divergence: {first.stage}, {first.name}: the shapes differ: the port gives {port_shape}, "
+            text = (f"First divergence: {first.label}, {first.name}: the shapes differ: the port gives {port_shape}, "
                     f"PyTorch {torch_shape} (a layout the checker could not map; to_jax/from_jax say how to convert).")
         else:
-            text = (f"First divergence: {first.stage}, {first.name}: relative error {first.port_error:.3g} (the largest "
+            text = (f"First divergence: {first.label}, {first.name}: relative error {first.port_error:.3g} (the largest "
                     f"difference ÷ the tensor's scale, {first.scale:.3g}; allowed {first.allowed:.3g}); at the largest "
                     f"difference JAX has {first.jax_value:.8g}, PyTorch (float64) {first.torch_value:.8g}.")
             if first.twin_error is not None:
                 text += (f" The same JAX program in float64 is {first.twin_error:.3g} of the scale from PyTorch64: "
                          "the mathematics differs.")
-        hint = self.hints.get((first.stage.split(": ")[-1], first.name))
+        hint = self.hints.get((first.stage, first.name))
         if hint:
             text += f"\nKnown cause that fits: {hint}"
         only = self.only_in
@@ -218,26 +218,26 @@ class Report:
         lines = [f"Summary: {outcome} (exit status {status}); {len(self.rows)} quantities, {self.dtype}, "
                  f"k = {self.k:g}", f"  {'stage':<9} {'rows':>5}  {'worst':>9}  at"]
         for stage in STAGES:
-            rows = [r for r in self.rows if r.stage.split(": ")[-1] == stage and not r.not_compared]
+            rows = [r for r in self.rows if r.stage == stage and not r.not_compared]
             if not rows:
                 continue
             worst = max(rows, key=_badness)
-            lines.append(f"  {stage:<9} {len(rows):>5}  {_measure(worst):>9}  {worst.stage}, {worst.name}"
+            lines.append(f"  {stage:<9} {len(rows):>5}  {_measure(worst):>9}  {worst.label}, {worst.name}"
                          f"{'' if worst.passed else (' ≈ precision' if worst.finding else ' ~ note' if worst.note else ' ✗')}")
         lines.append(f"  (worst, \"×\": the port's error ÷ max(PyTorch's own error in this dtype, {ULPS if self.dtype == 'float32' else ULPS64} "
                      f"ulps of the scale); allowed: {self.k:g}×. \"of\": ÷ the allowance, where PyTorch's own was not measured)")
-        judged = {(r.stage, r.name) for r in self.rows if r.diverged}
+        judged = {(r.step, r.stage, r.name) for r in self.rows if r.diverged}
         other = self.programs[1] if len(self.programs) > 1 else ""
         diverged = [(r, "") for r in self.rows if r.diverged]
         diverged += [(r, f" ({_program_words((other,))} only)") for r in self.other_rows
-                     if r.diverged and (r.stage, r.name) not in judged]
+                     if r.diverged and (r.step, r.stage, r.name) not in judged]
         for title, found in (("Divergences", diverged), ("Precision findings", [(r, "") for r in self.precision_findings]),
                              ("Notes (within √eps of the scale)", [(r, "") for r in self.precision_notes]),
                              ("Not compared (the port's layout of a layer's output not mapped)",
                               [(r, "") for r in self.not_compared])):
             if found:
                 lines.append(f"{title} ({len(found)}):")
-                lines += [f"  {r.stage}, {r.name}: {_measure(r)}{where}" for r, where in found[:LISTED]]
+                lines += [f"  {r.label}, {r.name}: {_measure(r)}{where}" for r, where in found[:LISTED]]
                 if len(found) > LISTED:
                     lines.append(f"  ... and {len(found) - LISTED} more (marked in the table)")
         return lines
@@ -258,10 +258,10 @@ class Report:
                 "transfer": [dataclasses.asdict(p) for p in self.pairings], "rows": rows(self.rows),
                 "other_program_rows": rows(self.other_rows),
                 "first_divergence": None if self.first_divergence is None else dataclasses.asdict(self.first_divergence),
-                "not_compared": [{"stage": r.stage, "name": r.name, "shapes": r.shapes} for r in self.not_compared],
+                "not_compared": [{"step": r.step, "stage": r.stage, "name": r.name, "shapes": r.shapes} for r in self.not_compared],
                 "precision": {"findings": len(self.precision_findings), "notes": len(self.precision_notes),
                               "causes": self.causes,
-                              "starts_at": None if start is None else {"stage": start.stage, "name": start.name,
+                              "starts_at": None if start is None else {"step": start.step, "stage": start.stage, "name": start.name,
                                                                        "ratio": start.ratio}}}
 
     def criterion(self) -> str:
@@ -299,7 +299,7 @@ class Report:
                 "(tied in PyTorch: one tensor; the port holds a copy of its own, paired above)" if later in paired else
                 "(tied: one tensor, paired once; its gradient is the sum over its uses)"))
         lines += ["", f"Criterion: {self.criterion()}", ""]
-        width_stage = max([len(r.stage) for r in self.rows] + [5])
+        width_stage = max([len(r.label) for r in self.rows] + [5])
         width_name = max([len(r.name) for r in self.rows] + [8])
         header = (f"{'stage':<{width_stage}}  {'quantity':<{width_name}}  {'port error':>11} {'PyTorch noise':>13} "
                   f"{'JAX noise':>10} {'ratio':>7}  ok")
@@ -316,7 +316,7 @@ class Report:
             if r.passed and r.noise is not None and r.noise > NEAR_ZERO:
                 mark = "✓°"
                 near_zero = True
-            lines.append(f"{r.stage:<{width_stage}}  {r.name:<{width_name}}  {error:>11} {noise:>13} {jax_noise:>10} "
+            lines.append(f"{r.label:<{width_stage}}  {r.name:<{width_name}}  {error:>11} {noise:>13} {jax_noise:>10} "
                          f"{ratio:>7}  {mark}")
         if near_zero:
             lines.append(f"° PyTorch's own error there is above {NEAR_ZERO:.0%} of the quantity's scale: rounding "
