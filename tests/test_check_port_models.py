@@ -125,12 +125,12 @@ def test_the_compiled_step_donates_its_parameters_and_computes_what_jit_computes
     optimizer's state of a first step is made after compilation and donated too, and both variants give jax.jit's
     numbers bit for bit."""
     from functional_gan.testing.check import _CompiledStep
-    from functional_gan.testing.jax_side import _jax_step_function
+    from functional_gan.testing.jax_side import jax_step_function
 
     spec = _attention_spec()
     adapter = testing.apis.adapter_for(spec, lambda channels_last: (jnp.asarray(spec.example_inputs()[0]),), 0)
     optimizer = spec.jax_optimizer()
-    step = _jax_step_function(adapter, spec, optimizer)
+    step = jax_step_function(adapter, spec, optimizer)
     inputs, targets = (jnp.asarray(spec.example_inputs()[0]),), (jnp.asarray(spec.example_targets()[0]),)
     params = jax.tree_util.tree_map(lambda s: jnp.asarray(np.random.default_rng(0).normal(size=s.shape), s.dtype),
                                     adapter.variables["params"])
@@ -164,11 +164,11 @@ def test_the_float64_twin_compiled_before_its_start_is_made_computes_what_jit_co
     import types
 
     from functional_gan.testing.check import _float64_twin
-    from functional_gan.testing.jax_side import _jax_step_function
+    from functional_gan.testing.jax_side import jax_step_function
 
     spec = _attention_spec()
     adapter = testing.apis.adapter_for(spec, lambda channels_last: (jnp.asarray(spec.example_inputs()[0]),), 0)
-    step = _jax_step_function(adapter, spec, None)
+    step = jax_step_function(adapter, spec, None)
     run = types.SimpleNamespace(jax_inputs=(jnp.asarray(spec.example_inputs()[0]),),
                                 jax_targets=(jnp.asarray(spec.example_targets()[0]),), layer_shapes={}, layer_paths={})
     made = []

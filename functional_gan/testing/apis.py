@@ -364,17 +364,17 @@ class Adapter:
     export: Callable | None = None
 
 
-def _is_linen(model) -> bool:
+def is_linen(model) -> bool:
     linen = sys.modules.get("flax.linen")
     return linen is not None and isinstance(model, linen.Module)
 
 
-def _is_nnx(model) -> bool:
+def is_nnx(model) -> bool:
     nnx = sys.modules.get("flax.nnx")
     return nnx is not None and isinstance(model, nnx.Module)
 
 
-def _is_equinox(model) -> bool:
+def is_equinox(model) -> bool:
     eqx = sys.modules.get("equinox")
     if eqx is None:
         return False
@@ -394,11 +394,11 @@ def adapter_for(spec, make_inputs: Callable[[bool], tuple], seed: int) -> Adapte
         model = spec.jax_model()
     except Exception as error:
         raise UserError(f"the spec's jax_model() failed: {type(error).__name__}: {error}") from error
-    if _is_linen(model):
+    if is_linen(model):
         return _linen_adapter(spec, model, make_inputs(True), seed)
-    if _is_nnx(model):
+    if is_nnx(model):
         return _nnx_adapter(spec, model)
-    if _is_equinox(model):
+    if is_equinox(model):
         return _equinox_adapter(spec, model, seed)
     raise UserError(f"jax_model() returned {type(model).__module__}.{type(model).__qualname__}; check-port takes a "
                     "Flax Linen module, a Flax NNX module, an Equinox module (or (module, state) from "

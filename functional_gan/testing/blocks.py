@@ -40,7 +40,7 @@ from . import apis, outside
 from .check import check_port
 from .memory import GIB, Phases, estimate, estimate_before_building, old_objects_frozen, outside_estimate
 from .pairing import default_to_jax
-from .report import EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_PRECISION, PROGRAMS, Report, _badness, _measure
+from .report import EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_PRECISION, PROGRAMS, Report, badness, ratio_text
 from .spec import Spec, SpecError, call_loss, select_output
 from .torch_side import Parked
 
@@ -105,11 +105,11 @@ class BlockReport:
                  "and its input's gradient what it passes back (that loss, the checker's own, is not judged).",
                  "", f"  {'block':<28} {'rows':>5}  {'verdict':<12} {'worst':>9}  at"]
         for name, report in self._all():
-            worst = max(report.rows, key=_badness) if report.rows else None
+            worst = max(report.rows, key=badness) if report.rows else None
             verdict = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE",
                        EXIT_PRECISION: "precision"}[report.exit_status(self.allow_precision)]
             where = f"{worst.label}, {worst.name}" if worst else ""
-            lines.append(f"  {name:<28} {len(report.rows):>5}  {verdict:<12} {_measure(worst) if worst else '':>9}  "
+            lines.append(f"  {name:<28} {len(report.rows):>5}  {verdict:<12} {ratio_text(worst) if worst else '':>9}  "
                          f"{where}")
         if self.outside_report is not None:
             lines += ["", f"{OUTSIDE}: the whole model with each block replaced on both sides by a stand-in that adds "
@@ -171,7 +171,7 @@ def _block_list(spec: Spec, model: torch.nn.Module) -> list[tuple[str, Any]]:
         if len(lists) == 1:
             return [(child, _materializer(block)) for child, block in zip(children, lists[0][1])]
     port = spec.jax_model() if spec.jax_model is not None else None
-    if port is None or apis._is_linen(port):
+    if port is None or apis.is_linen(port):
         raise SpecError(f"--by-block: PyTorch's blocks are {container}.0 … {container}.{len(children) - 1}; a "
                         f"{'Linen' if port is not None else 'plain-function'} port's blocks cannot be found by looking "
                         "at it: name them in the spec, blocks() returning [(PyTorch module name, the port's block "
@@ -195,7 +195,7 @@ def _abstract_port(spec: Spec):
         from flax import nnx
 
         abstract = nnx.eval_shape(spec.jax_model)
-        if not apis._is_nnx(abstract):
+        if not apis.is_nnx(abstract):
             return None
         kinds = {type(v) for _, v in nnx.iter_graph(abstract) if isinstance(v, nnx.Variable)}
     except Exception:  # built as it is, where its own error (if any) is said
@@ -247,7 +247,7 @@ def _module_lists(port, length: int, path: str = "", depth: int = 0) -> list[tup
 
 
 def _is_module(value) -> bool:
-    return apis._is_nnx(value) or apis._is_equinox(value) or apis._is_linen(value)
+    return apis.is_nnx(value) or apis.is_equinox(value) or apis.is_linen(value)
 
 
 def _record(spec: Spec, model: torch.nn.Module, names: list[str], dtype: str) -> dict[str, dict]:
@@ -471,7 +471,7 @@ def _block_spec(spec: Spec, name: str, template: torch.nn.Module, port, record: 
                         "Equinox) nor a function that builds one")
     first = port_of[0] if isinstance(port_of, tuple) else port_of  # Equinox's (module, state)
     # the API's usual layout (Linen, NNX: channels-last); a function that builds the block: read off its output's shape
-    channels_last = None if first is None else (apis._is_linen(first) or apis._is_nnx(first))
+    channels_last = None if first is None else (apis.is_linen(first) or apis.is_nnx(first))
     inputs = record["inputs"]
     keywords: Keywords = record["keywords"]
     count = len(inputs)
@@ -674,8 +674,8 @@ def _check_outside(spec: Spec, names: list[str], stand_ins: dict[str, outside.Re
             port = abstract if abstract is not None else spec.jax_model()
         except Exception as error:
             raise SpecError(f"the spec's jax_model() failed: {type(error).__name__}: {error}") from error
-        if not apis._is_nnx(port):
-            kind = "Linen" if apis._is_linen(port) else "Equinox" if apis._is_equinox(port) else type(port).__name__
+        if not apis.is_nnx(port):
+            kind = "Linen" if apis.is_linen(port) else "Equinox" if apis.is_equinox(port) else type(port).__name__
             return None, f"the port is a {kind} model, whose blocks the check does not replace (NNX's only)"
         place = outside.find_list(port, len(names), _module_lists)
         if place is None:

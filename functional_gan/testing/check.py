@@ -77,14 +77,14 @@ from functional_gan.comparisons.judge import DEFAULT_K, Measured, Row, TwinMeasu
 from functional_gan.errors import UserError
 
 from . import apis, taps, widen
-from .jax_side import _check_dtypes, _jax_step_function
-from .pairing import (Pairing, _get, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
+from .jax_side import check_dtypes, jax_step_function
+from .pairing import (Pairing, leaf_at, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
                       torch_in_flax_layout, transfer, variables_from_torch)
 from .memory import Phases, estimate, estimate_before_building, old_objects_frozen, op_programs_bounded, trim
-from .precision import _uses_adam, likely_causes
-from .report import PROGRAMS, Report, _program_words, jax_build
+from .precision import uses_adam, likely_causes
+from .report import PROGRAMS, Report, program_words, jax_build
 from .spec import Spec, SpecError
-from .torch_side import BlockedSums, Islands, Parked, _torch_side, _torch_step, fed_update, island_pattern, load_into, other_layout
+from .torch_side import BlockedSums, Islands, Parked, make_torch_side, run_torch_step, fed_update, island_pattern, load_into, other_layout
 
 PERMUTED_RUNS = 2  # float32 PyTorch runs with the batch in another order, besides the plain one
 
@@ -334,7 +334,7 @@ def _broadcast_equal(run: _Run, where: str, port, reference):
 
 def _has(tree, path) -> bool:
     try:
-        _get(tree, path)
+        leaf_at(tree, path)
         return True
     except (KeyError, TypeError, IndexError):
         return False
@@ -411,12 +411,12 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
     # One model per role, not per run (a model of 124M parameters is 1 GB in float64): the reference, whose parameters
     # and buffers every run starts each step from; a working model per dtype that each other run and each optimizer
     # fed the port's gradients loads its start into before it computes; float64's other memory layout.
-    ref = _torch_side(spec, torch.float64, state)
+    ref = make_torch_side(spec, torch.float64, state)
     working = {torch.float64: None, torch.float32: None}
 
     def work(torch_dtype):
         if working[torch_dtype] is None:
-            working[torch_dtype] = _torch_side(spec, torch_dtype, state)[0]
+            working[torch_dtype] = make_torch_side(spec, torch_dtype, state)[0]
         return working[torch_dtype]
 
     sides = {"ref": ref}
@@ -430,7 +430,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
             permutations[f"{short}-permuted-{variant}"] = np.random.default_rng([seed, variant]).permutation(size)
             sides[f"{short}-permuted-{variant}"] = (work(_torch_dtype(short)), None)
     if dtype == "float64":
-        sides["t64-layout"] = (other_layout(_torch_side(spec, torch.float64, state)[0]), None)
+        sides["t64-layout"] = (other_layout(make_torch_side(spec, torch.float64, state)[0]), None)
         sides["t64-moved"] = (work(torch.float64), None)
         sides["t64-blocked"] = (work(torch.float64), None)  # its matrix products' long sums in blocks (BlockedSums)
         # PyTorch's float32 error times eps₆₄/eps₃₂: its float64 error where the variants above share its roundings
@@ -528,7 +528,7 @@ def _recomputed_gradients(run: _Run) -> dict:
     model = run.sides["ref"][0]
     with torch.random.fork_rng(devices=[]):
         torch.random.set_rng_state(run.reference_rng)
-        _torch_step(run.spec, model, None, run.inputs, run.targets, torch.float64, {})
+        run_torch_step(run.spec, model, None, run.inputs, run.targets, torch.float64, {})
     return torch_in_flax_layout(model, run.pairings, "grad", release=True)
 
 
@@ -577,7 +577,7 @@ def _torch_steps(run: _Run, last: bool) -> tuple[dict, dict]:
             def sink(layer, value):
                 noise["layers"][layer] = max(noise["layers"].get(layer, Measured(0.0)),
                                              error_of(name, value, ref["layers"][layer]))
-        seen = _torch_step(run.spec, model, opt, inputs_of(name), run.targets, _torch_dtype(name), run.layer_paths,
+        seen = run_torch_step(run.spec, model, opt, inputs_of(name), run.targets, _torch_dtype(name), run.layer_paths,
                            run.permutations.get(name), layout=name == "t64-layout", sink=sink, mode=mode)
         if name == "ref":  # a tapped function's rows (TAPS), paired with the port's values in order
             run.layer_paths.update(seen.pop("tap_paths", {}))
@@ -636,7 +636,7 @@ def _run_program(run: _Run, function, program: str, before: dict, opt_state, fir
             hints.append("its inputs of 3 or more dimensions were moved channels-last; to_jax says otherwise")
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
         words = run.spec.words()
-        raise SpecError(f"{words['port']} ({_program_words((program,))}) failed on {words['inputs']}: "
+        raise SpecError(f"{words['port']} ({program_words((program,))}) failed on {words['inputs']}: "
                         f"{type(error).__name__}: {message}" + (f" ({'; '.join(hints)})" if hints else "")) from error
 
 
@@ -756,7 +756,7 @@ def _shadow(run: _Run, program: str, name: str):
         dtype = torch.float64 if name == "ref" else _torch_dtype(name)
         if run.working.get(dtype) is None:
             with torch.random.fork_rng(devices=[]):
-                run.working[dtype] = _torch_side(run.spec, dtype, None)[0]
+                run.working[dtype] = make_torch_side(run.spec, dtype, None)[0]
         model = run.working[dtype]
         run.shadows[program][name] = (model, run.spec.torch_optimizer(model.parameters()))
     return run.shadows[program][name]
@@ -1089,18 +1089,18 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
             converted = run.adapter.export({**start, "carry": run.adapter.carry})
             del start
         optimizer = spec.jax_optimizer() if spec.jax_optimizer else None
-        step_fn = _jax_step_function(run.adapter, spec, optimizer)
+        step_fn = jax_step_function(run.adapter, spec, optimizer)
         update_in_float64 = _update_in_float64(optimizer) if optimizer is not None and dtype == "float32" else None
         # The optimizer's state, a step's input and output, is not held twice (Adam's over 124M parameters: 2 GB in
         # float64): op by op, the last step does not return it (nothing reads it); compiled, a state made for the step
         # (its first) is donated to it, the new state written into its buffers (the same program, the same numbers;
         # a program without that output would be fused otherwise and round otherwise), and so are the parameters
         # (_CompiledStep).
-        last_step_fn = _jax_step_function(run.adapter, spec, optimizer, keep_state=False)
+        last_step_fn = jax_step_function(run.adapter, spec, optimizer, keep_state=False)
         compiled_step = _CompiledStep(step_fn, optimizer)
         # The float64 twin measures JAX's own error up to the gradients (the update stage's twin is update_in_float64):
         # the same step without the optimizer, whose float64 parameters and state it would otherwise hold.
-        twin_step = _jax_step_function(run.adapter, spec, None)
+        twin_step = jax_step_function(run.adapter, spec, None)
         compiled_twin = jax.jit(twin_step)  # the float32 check's float64 twin, or the float64 check's float32 run
         twin_function = compiled_twin if noise_program(programs) == "jit" else twin_step
         variant_program = "jit" if "jit" in programs else "eager"
@@ -1176,7 +1176,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     outcome = _run_program(run, function, program, start, opt_states[program],
                                            first=first)
                 if first:
-                    _check_dtypes(outcome, dtype, run)
+                    check_dtypes(outcome, dtype, run)
                     uncaptured = [n or "(model)" for n in seen["ref"]["layers"]
                                   if run.layer_paths[n] not in outcome["layers"]]
                     if dtype == "float64":
@@ -1238,7 +1238,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     # a cause is named only where the excess goes away without it: the same step, Flax's
                     # normalisations subtracting the mean first
                     counter_start = _start_of_step(run, width, own_before, params_state)
-                    counter_step = _jax_step_function(run.adapter, spec, None)  # a function of its own: traced afresh,
+                    counter_step = jax_step_function(run.adapter, spec, None)  # a function of its own: traced afresh,
                     counter_step = jax.jit(counter_step) if program == "jit" else counter_step  # the patch in effect
                     with _fast_variance_off(), _programs_held(program), _reference_parked(run):
                         counter = _collected(run, lambda: counter_step(counter_start, run.jax_inputs, run.jax_targets,
@@ -1262,7 +1262,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
                     if update_in_float64 is not None:  # the update stage's own float32 error, from the same gradients
                         params = _start_of_step(run, width, own_before, params_state)["params"]
                         update64 = update_in_float64(params, outcome["grads"], opt_before.get(program))
-                        if last and program == programs[0] and _uses_adam(jax.eval_shape(optimizer.init, params)):
+                        if last and program == programs[0] and uses_adam(jax.eval_shape(optimizer.init, params)):
                             # the counterfactual of optax's float32 bias corrections: the same update with 1 − βᵗ as
                             # PyTorch has it (rounded once to float32), judged after the update rows are
                             counter_update = _update_with_exact_bias_corrections(optimizer)(

@@ -13,7 +13,7 @@ from . import apis
 from .spec import PortDtypeError, Spec, call_loss, select_output
 
 
-def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state: bool = True) -> Callable:
+def jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state: bool = True) -> Callable:
     """One step of the port as a pure function: (variables, inputs, targets, opt_state) -> what it computed.
 
     ``opt_state`` None: the optimizer's initial state, made inside (not held beside the step as an input).
@@ -64,7 +64,7 @@ def _jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state:
     return step
 
 
-def _check_dtypes(seen: dict, dtype: str, run) -> None:
+def check_dtypes(seen: dict, dtype: str, run) -> None:
     """The port's outputs are in the precision asked, or a PortDtypeError names the first layer that is not. In float64
     a layer that computes in float32 inside a model whose output is float64 is an island, not refused: the check
     measures its error (:mod:`.widen`) and judges what follows against it."""

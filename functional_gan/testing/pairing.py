@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .spec import SpecError, _check_param_map
+from .spec import SpecError, check_param_map
 
 
 def _nchw_to_nhwc(x):
@@ -96,7 +96,7 @@ class Pairing:
 
     def leaf(self, tree):
         """This tensor's value in a tree of the port's arrays (a stacked leaf's slice)."""
-        value = _get(tree, self.jax_path)
+        value = leaf_at(tree, self.jax_path)
         return value if self.index is None else value[self.index]
 
     def to_jax(self, value: np.ndarray) -> np.ndarray:
@@ -243,7 +243,7 @@ def transfer(model: torch.nn.Module, variables: dict, param_map: dict[str, str] 
     name: the port's module path "A/B"} for modules the order does not pair; ``kinds``: each path's module class
     where the layout depends on it (Equinox's ConvTranspose). Raises SpecError naming what could not be paired.
     """
-    _check_param_map(param_map)
+    check_param_map(param_map)
     params = _flax_modules(dict(variables.get("params", {})))
     stats = {path: leaves for path, leaves in _flax_modules(dict(variables.get("batch_stats", {})))}
     by_path = {path: leaves for path, leaves in params}
@@ -393,7 +393,7 @@ def _set(tree: dict, path: tuple[str, ...], value) -> dict:
     return tree
 
 
-def _get(tree, path):
+def leaf_at(tree, path):
     for key in path:
         tree = tree[key]
     return tree
@@ -408,7 +408,7 @@ def shapes_of_paired(variables: dict, pairings: list[Pairing]) -> dict:
         layers.setdefault((p.collection, p.jax_path), set()).add(p.index)
     out = {k: dict(v) for k, v in variables.items()}
     for (collection, path), indices in layers.items():
-        leaf = _get(out[collection], path)
+        leaf = leaf_at(out[collection], path)
         if indices == {None} or indices == set(range(np.shape(leaf)[0] if np.ndim(leaf) else 0)):
             out[collection] = _set(out[collection], path, jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype))
     return out
@@ -427,7 +427,7 @@ def variables_from_torch(model: torch.nn.Module | dict, pairings: list[Pairing],
             continue
         key = (p.collection, p.jax_path)
         if key not in stacked:
-            leaf = _get(out[p.collection], p.jax_path)  # its values where a layer is not paired; a shape where all are
+            leaf = leaf_at(out[p.collection], p.jax_path)  # its values where a layer is not paired; a shape where all are
             stacked[key] = (np.zeros(leaf.shape, np.float64) if isinstance(leaf, jax.ShapeDtypeStruct)
                             else np.array(leaf, np.float64))
         stacked[key][p.index] = value

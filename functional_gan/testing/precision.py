@@ -36,7 +36,7 @@ def start_of(findings: list[Row]) -> Row | None:
     return findings[0] if findings else None
 
 
-def _uses_adam(opt_state) -> bool:
+def uses_adam(opt_state) -> bool:
     names = {type(node).__name__ for node in jax.tree_util.tree_leaves(
         opt_state, is_leaf=lambda n: hasattr(n, "_fields") and hasattr(n, "mu"))}
     return any("Adam" in name or "Lion" in name for name in names)
@@ -138,7 +138,7 @@ def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, laye
     bias = (verified or {}).get("optax's float32 bias corrections")
     update_rows = {row.key for row in findings if row.key[0] == "update"}
     fell = {key: ratios for key, ratios in (bias or {}).get("fell", {}).items() if key in update_rows}
-    if dtype == "float32" and "update" in stages and _uses_adam(opt_state) and (bias is None or fell):
+    if dtype == "float32" and "update" in stages and uses_adam(opt_state) and (bias is None or fell):
         worst = max(fell.items(), key=lambda item: item[1][0] or 0.0) if fell else None
         check = (f"; verified: rerun with 1 − βᵗ exact, {len(fell)} of the {len(update_rows)} update rows lose at least "
                  f"nine tenths of their excess ({worst[0][0]}, {worst[0][1]}: {worst[1][0]:.1f}× → {worst[1][1]:.2f}×)"
@@ -148,7 +148,7 @@ def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, laye
             "1.3e-5 of its value), PyTorch in Python's float64: every float32 update differs by about 6e-6 of its size"
             f"{check}. An optimizer that computes 1 − βᵗ as −expm1(t·log β) has no such rows "
             "(examples/port/nanogpt_block.py).")
-    elif dtype == "float32" and "update" in stages and _uses_adam(opt_state):
+    elif dtype == "float32" and "update" in stages and uses_adam(opt_state):
         causes.append("not optax's float32 bias corrections: rerun with 1 − βᵗ exact, no update row loses nine tenths "
                       "of its excess over the allowance.")
     if dtype == "float32" and computed and jax.default_backend() == "cpu":

@@ -157,12 +157,12 @@ class Report:
             if self.precision_findings:
                 status = ("exit status 0 (precision findings allowed)" if self.allow_precision else
                           "exit status 3; 0 with --allow-precision, or assert_port(..., allow_precision=True)")
-                return (precision + f"\nNo divergence: every other quantity within tolerance ({_program_words(self.programs)}); "
+                return (precision + f"\nNo divergence: every other quantity within tolerance ({program_words(self.programs)}); "
                         f"{status}.")
             skipped = len(self.not_compared)
             compared = len(self.rows) - skipped - len(self.precision_notes)
             text = (f"Agreement: {'all ' if compared == len(self.rows) else ''}{compared} quantities within tolerance "
-                    f"({_program_words(self.programs)})")
+                    f"({program_words(self.programs)})")
             if self.precision_notes:
                 text += f", {len(self.precision_notes)} within √eps (notes)"
             if skipped:
@@ -221,15 +221,15 @@ class Report:
             rows = [r for r in self.rows if r.stage == stage and not r.not_compared]
             if not rows:
                 continue
-            worst = max(rows, key=_badness)
-            lines.append(f"  {stage:<9} {len(rows):>5}  {_measure(worst):>9}  {worst.label}, {worst.name}"
+            worst = max(rows, key=badness)
+            lines.append(f"  {stage:<9} {len(rows):>5}  {ratio_text(worst):>9}  {worst.label}, {worst.name}"
                          f"{'' if worst.passed else (' ≈ precision' if worst.finding else ' ~ note' if worst.note else ' ✗')}")
         lines.append(f"  (worst, \"×\": the port's error ÷ max(PyTorch's own error in this dtype, {ULPS if self.dtype == 'float32' else ULPS64} "
                      f"ulps of the scale); allowed: {self.k:g}×. \"of\": ÷ the allowance, where PyTorch's own was not measured)")
         judged = {(r.step, r.stage, r.name) for r in self.rows if r.diverged}
         other = self.programs[1] if len(self.programs) > 1 else ""
         diverged = [(r, "") for r in self.rows if r.diverged]
-        diverged += [(r, f" ({_program_words((other,))} only)") for r in self.other_rows
+        diverged += [(r, f" ({program_words((other,))} only)") for r in self.other_rows
                      if r.diverged and (r.step, r.stage, r.name) not in judged]
         for title, found in (("Divergences", diverged), ("Precision findings", [(r, "") for r in self.precision_findings]),
                              ("Notes (within √eps of the scale)", [(r, "") for r in self.precision_notes]),
@@ -237,7 +237,7 @@ class Report:
                               [(r, "") for r in self.not_compared])):
             if found:
                 lines.append(f"{title} ({len(found)}):")
-                lines += [f"  {r.label}, {r.name}: {_measure(r)}{where}" for r, where in found[:LISTED]]
+                lines += [f"  {r.label}, {r.name}: {ratio_text(r)}{where}" for r, where in found[:LISTED]]
                 if len(found) > LISTED:
                     lines.append(f"  ... and {len(found) - LISTED} more (marked in the table)")
         return lines
@@ -283,7 +283,7 @@ class Report:
     def format(self, markdown: bool = False) -> str:
         lines = [f"# check-port: {self.spec} ({self.dtype})", ""] if markdown else []
         lines += self.summary()
-        lines += ["", f"Port: {self.api}; JAX program checked: {_program_words(self.programs)}; {self.build}",
+        lines += ["", f"Port: {self.api}; JAX program checked: {program_words(self.programs)}; {self.build}",
                   self._coverage()]
         if self._state_line():
             lines.append(self._state_line())
@@ -328,7 +328,7 @@ class Report:
         return f"```text\n{text}\n```\n" if markdown else text
 
 
-def _badness(row: Row) -> float:
+def badness(row: Row) -> float:
     if row.shapes is not None:
         return float("inf")
     return row.ratio if row.ratio is not None else row.port_error / row.allowed if row.allowed else float("inf")
@@ -339,7 +339,7 @@ def _ratio(ratio: float) -> str:
     return f"{ratio:.2f}" if ratio < 10000 else f"{ratio:.1e}"
 
 
-def _measure(row: Row) -> str:
+def ratio_text(row: Row) -> str:
     if row.shapes is not None:
         return "shape"
     if row.ratio is not None:
@@ -347,6 +347,6 @@ def _measure(row: Row) -> str:
     return f"{row.port_error / row.allowed:.2g} of" if row.allowed else "inf"
 
 
-def _program_words(programs: tuple[str, ...]) -> str:
+def program_words(programs: tuple[str, ...]) -> str:
     words = {"jit": "compiled with jax.jit, as training runs it", "eager": "op by op, without jax.jit"}
     return " and ".join(words[p] for p in programs)

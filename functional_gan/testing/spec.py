@@ -135,7 +135,7 @@ def select_output(output, field: str | int | None, side: str, from_jax=None):
                     f"OUTPUT = {example!r} (for both models)" + (f"; its fields: {', '.join(fields)}" if fields else ""))
 
 
-def _check_param_map(param_map) -> None:
+def check_param_map(param_map) -> None:
     if param_map is None:
         return
     if callable(param_map) and not isinstance(param_map, dict):
@@ -169,7 +169,7 @@ def spec_from_module(module: ModuleType | dict) -> Spec:
             raise SpecError(f"the spec defines {given}() but not {absent}(): give both or neither")
     if values.get("torch_optimizer") is not None and values.get("torch_loss") is None:
         raise SpecError("an optimizer pair needs a loss pair (torch_loss and jax_loss) to compute gradients")
-    _check_param_map(values.get("param_map"))
+    check_param_map(values.get("param_map"))
     fields = {f.name for f in dataclasses.fields(Spec)} - {"name"}
     chosen = {k: v for k, v in values.items() if k in fields}
     chosen.setdefault("jax_model", None)

@@ -22,7 +22,7 @@ from .spec import Spec, call_loss, select_output
 from .taps import ModuleStack, TorchTaps, as_array
 
 
-def _torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
+def make_torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
     model = spec.torch_model()
     if state is not None:
         model.load_state_dict(state)
@@ -151,7 +151,7 @@ def island_pattern(found: dict[str, str]) -> dict[str, str]:
     return patterns
 
 
-def _torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_layers: dict[str, str],
+def run_torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_layers: dict[str, str],
                 permutation: np.ndarray | None = None, layout: bool = False, sink=None, mode=None):
     """One forward (with each paired layer's output), loss, backward, optimizer step. Returns what it saw.
 
