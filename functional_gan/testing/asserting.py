@@ -17,15 +17,29 @@ from .spec import Spec, load_spec, spec_from_module
 def assert_port(spec: Spec | ModuleType | str | Path | None = None, /, *, dtype: str = "float32", steps: int = 1,
                 k: float = DEFAULT_K, seed: int = 0, programs: tuple[str, ...] = PROGRAMS, allow_precision: bool = False,
                 by_block: bool = False, **pieces) -> Report:
-    """``check_port`` for a test suite: returns the report when the port agrees, raises ``AssertionError`` otherwise.
+    """``check_port`` for a test suite: the report when the port agrees with PyTorch, else ``AssertionError``.
 
-    ``spec``: a :class:`Spec`, a spec module, a spec file's path, or nothing, with the spec's pieces as keywords
-    (``torch_model=``, ``jax_model=``, ``example_inputs=``, ``train=False``, ...); keywords given with a module
-    replace its names. The error's message is the first divergence (or the precision findings), then the whole
-    report. Precision findings (float32 further from PyTorch64 than k × PyTorch's own error while the float64 program
-    agrees) fail too, unless ``allow_precision``. A spec the checker cannot use raises :class:`SpecError`.
-    ``by_block``: one block at a time (see :mod:`.blocks`), for a model whose whole check does not fit in memory;
-    returns a :class:`~.blocks.BlockReport`.
+    Args:
+        spec: a :class:`Spec`, a spec module, a spec file's path, or nothing, with the spec's pieces as keywords
+            (``torch_model=``, ``jax_model=``, ``example_inputs=``, ``train=False``, ...); keywords given with a module
+            or a file replace its names.
+        dtype: ``"float32"`` (the port as it trains) or ``"float64"`` (its mathematics, to about 1e-15).
+        steps: optimizer steps compared, each from PyTorch's parameters and the port's own state after the last.
+        k: the port may be this many times PyTorch's own error in ``dtype``.
+        seed: PyTorch's seed for ``torch_model()``'s initial weights and the check's random draws.
+        programs: the JAX programs run, the first judged: ``("jit", "eager")``, ``("jit",)`` or ``("eager",)``.
+        allow_precision: pass where the only findings are of precision (float32 further from PyTorch64 than k ×
+            PyTorch's own error while the same program in float64 agrees).
+        by_block: one block at a time (see :mod:`.blocks`), for a model whose whole check does not fit in memory.
+
+    Returns:
+        The :class:`Report` (a :class:`~.blocks.BlockReport` with ``by_block``), whose exit status is 0.
+
+    Raises:
+        AssertionError: the port diverges, or has precision findings without ``allow_precision``; the message is
+            the first divergence (or the findings), then the whole report.
+        SpecError: a spec the checker cannot use (a missing piece, weights it cannot pair, an exception raised in
+            the spec's or the port's code).
     """
     if isinstance(spec, (str, Path)):
         spec = load_spec(spec)

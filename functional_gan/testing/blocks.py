@@ -549,10 +549,32 @@ def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float 
                    programs: tuple[str, ...] | None = None, torch_state: dict | None = None,
                    memory_limit: float | None = None, progress: bool = False) -> BlockReport:
     """Check the port block by block (see the module's docstring): the PyTorch model run once in float64 to record
-    each block's inputs and cotangent, then :func:`check_port` on each block, one at a time, then the model with its
-    blocks replaced (:mod:`.outside`). ``memory_limit`` (bytes): refused (:class:`.spec.SpecError`) where the
-    block-by-block peak, estimated from the PyTorch model's parameters (:func:`.memory.estimate`), exceeds it.
-    ``progress``: a bar over the blocks on standard error (a line per block where it is not a terminal)."""
+    each block's inputs and cotangent, :func:`check_port` on each block, one at a time, then on the model with its
+    blocks replaced (:mod:`.outside`).
+
+    Args:
+        spec: what to compare, as for :func:`.check.check_port`; its ``blocks()`` (or the default: PyTorch's largest
+            ModuleList paired with the port's list of as many modules), ``block_to_jax``/``block_from_jax`` and
+            ``BLOCK_OUTPUT`` say what a block is on each side.
+        dtype: ``"float32"`` or ``"float64"``, as for :func:`.check.check_port`.
+        steps: optimizer steps compared, as for :func:`.check.check_port`.
+        k: the allowance in multiples of PyTorch's own error, as for :func:`.check.check_port`.
+        seed: PyTorch's seed, as for :func:`.check.check_port`.
+        programs: the JAX programs run (None: both), as for :func:`.check.check_port`.
+        torch_state: a ``state_dict`` for ``torch_model()``, as for :func:`.check.check_port`.
+        memory_limit: bytes; refused where the recording or a block's check, estimated from the PyTorch model's
+            parameters (:func:`.memory.estimate`), exceeds it; the check of the rest of the model is left out (and the
+            report says so) where its own estimate exceeds it.
+        progress: a bar over the parts on standard error (a line per 5% where it is not a terminal).
+
+    Returns:
+        A :class:`BlockReport`: each block's :class:`.report.Report`, the rest of the model's (or why it was not
+        compared), and the worst part's exit status.
+
+    Raises:
+        SpecError: as :func:`.check.check_port`'s, the message naming the block (``--by-block, block layers.3: …``)
+            or the rest of the model, and the side that failed.
+    """
     with old_objects_frozen():
         return _check_by_block(spec, dtype, steps, k, seed, programs, torch_state, memory_limit, progress)
 

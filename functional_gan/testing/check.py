@@ -1060,15 +1060,33 @@ def _verified_causes(run: _Run, report: Report) -> dict:
 def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
                programs: tuple[str, ...] = PROGRAMS, torch_state: dict | None = None, export: bool = False,
                memory_limit: float | None = None, progress: bool = False) -> Report:
-    """Compare the spec's JAX port with its PyTorch model (see the module's docstring) and return the report.
+    """Compare the spec's JAX port with its PyTorch model, quantity by quantity (see the module's docstring).
 
-    ``programs``: which JAX programs run, the first judged: ("jit", "eager") (default), ("jit",) or ("eager",).
-    ``torch_state``: a ``state_dict`` loaded into ``torch_model()`` (trained weights) instead of its seeded
-    initialisation. ``export``: the report's ``converted`` is the port, as its API keeps it, holding PyTorch's weights
-    as they were before the first step (float32), moved with the check's pairing. ``memory_limit`` (bytes): a check
-    whose peak, estimated from the PyTorch model's parameters (:func:`.memory.estimate`), exceeds it raises
-    :class:`.spec.SpecError` once the PyTorch model is built, before anything else is made (``check-port`` passes the
-    memory available). ``progress``: each phase's end written to standard error as the check goes.
+    Args:
+        spec: what to compare (:class:`.spec.Spec`, from :func:`.spec.load_spec` or :func:`.spec.spec_from_module`).
+        dtype: ``"float32"`` or ``"float64"``.
+        steps: optimizer steps compared, each from PyTorch's parameters (teacher forcing) and the port's own state
+            after its previous step.
+        k: the allowance, in multiples of PyTorch's own error in ``dtype`` (at least a few ulps of each scale).
+        seed: PyTorch's seed for ``torch_model()`` and the check's random draws.
+        programs: which JAX programs run, the first judged: ``("jit", "eager")`` (default), ``("jit",)`` or
+            ``("eager",)``.
+        torch_state: a ``state_dict`` loaded into ``torch_model()`` (trained weights) instead of its seeded
+            initialisation.
+        export: the report's ``converted`` is the port, as its API keeps it, holding PyTorch's weights as they were
+            before the first step (float32), moved with the check's pairing.
+        memory_limit: bytes; a check whose peak, estimated from the PyTorch model's parameters
+            (:func:`.memory.estimate`), exceeds it is not started (``check-port`` passes the memory available).
+        progress: each phase's end written to standard error once the check has run a few seconds.
+
+    Returns:
+        A :class:`.report.Report`: every row, the verdict (``exit_status()``: 0 agreement, 1 divergence, 3 precision
+        findings), the pairing, the notes and the memory phase by phase.
+
+    Raises:
+        SpecError: the spec cannot be used (a missing piece, weights that do not pair, a port computing in another
+            dtype than asked, a check estimated beyond ``memory_limit``), or the spec's or the port's own code raised;
+            the message says which, in one line.
     """
     if dtype not in ("float32", "float64"):
         raise SpecError(f"dtype must be float32 or float64, got {dtype!r}")
