@@ -38,7 +38,8 @@ from functional_gan.progress import progress_bar
 
 from . import apis, outside
 from .check import check_port
-from .memory import GIB, Phases, estimate, estimate_before_building, old_objects_frozen, outside_estimate
+from .memory import (GIB, Phases, estimate, estimate_before_building, old_objects_frozen, outside_estimate,
+                     parameter_count)
 from .pairing import default_to_jax
 from .report import EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_PRECISION, PROGRAMS, Report, badness, ratio_text
 from .spec import Spec, SpecError, call_loss, select_output
@@ -585,14 +586,15 @@ def _check_by_block(spec: Spec, dtype: str, steps: int, k: float, seed: int, pro
     import jax
 
     phases = Phases()
-    if memory_limit is not None:  # before anything is built, where the model builds on the meta device
-        _refuse_if_too_large(estimate_before_building(spec.torch_model, dtype), dtype, memory_limit)
+    size = estimate_before_building(spec.torch_model, dtype) if memory_limit is not None else None
+    if size is not None:  # before anything is built, where the model builds on the meta device
+        _refuse_if_too_large(size, dtype, memory_limit)
     torch.manual_seed(seed)
     try:
         model = spec.torch_model()
     except Exception as error:
         raise SpecError(f"the spec's torch_model() failed: {type(error).__name__}: {error}") from error
-    if memory_limit is not None:
+    if memory_limit is not None and size is None:  # a model the meta device cannot build: measured built
         _refuse_if_too_large(estimate(model, dtype), dtype, memory_limit)
     if torch_state is not None:
         model.load_state_dict(torch_state)
@@ -610,9 +612,11 @@ def _check_by_block(spec: Spec, dtype: str, steps: int, k: float, seed: int, pro
     outside.replace_torch_blocks(model, {name: outside.TorchStandIn(stand_ins[name], spec.block_to_jax)
                                          for name in names})
     # PyTorch's blocks and the rest, on disk until each is checked: at 1.24B parameters, 4.4 GiB not held
-    parked = {name: Parked(list(template.parameters()) + list(template.buffers()))
-              for name, template in templates.items()}
-    parked[OUTSIDE] = Parked(list(model.parameters()) + list(model.buffers()))
+    parked, seen = {}, set()  # a tensor shared by two parts parked with the first (unparked before the second runs)
+    for name, part in [*templates.items(), (OUTSIDE, model)]:
+        tensors = [t for t in [*part.parameters(), *part.buffers()] if t.untyped_storage().data_ptr() not in seen]
+        seen.update(t.untyped_storage().data_ptr() for t in tensors)
+        parked[name] = Parked(tensors)
     try:
         for held in parked.values():
             held.__enter__()
@@ -657,7 +661,7 @@ def _checked_by_block(spec, dtype, steps, k, seed, programs, blocks, records, te
         bar.update()
     bar.set_postfix_str("outside the blocks")
     parked.pop(OUTSIDE).__exit__(None, None, None)
-    count = sum({id(p): p.numel() for p in model.parameters()}.values())
+    count = parameter_count(model)  # what lies outside the blocks
     if memory_limit is not None and outside_estimate(count) > memory_limit:
         outside_report, why = None, (f"checked whole, the {count / 1e6:.0f}M parameters outside the blocks need about "
                                      f"{outside_estimate(count) / GIB:.1f} GiB (estimated), and "

@@ -345,10 +345,10 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
     """The spec's pieces built, the port adapted and paired with the PyTorch model, PyTorch's runs set up."""
     if spec.example_inputs is None or (spec.jax_model is None and (spec.jax_params is None or spec.jax_apply is None)):
         raise SpecError("a spec needs torch_model, example_inputs, and jax_model or jax_params with jax_apply")
-    if memory_limit is not None:  # the size known before anything is built, where the model builds on the meta device
-        size = estimate_before_building(spec.torch_model, dtype)
-        if size is not None and size.whole > memory_limit:
-            raise SpecError(size.message(memory_limit))
+    # the size known before anything is built, where the model builds on the meta device (else once it is built)
+    size = estimate_before_building(spec.torch_model, dtype) if memory_limit is not None else None
+    if size is not None and size.whole > memory_limit:
+        raise SpecError(size.message(memory_limit))
     torch.manual_seed(seed)
     try:
         inputs = tuple(np.asarray(x) for x in spec.example_inputs())
@@ -356,7 +356,7 @@ def _prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, .
         reference_model = spec.torch_model()
     except Exception as error:
         raise SpecError(f"the spec's torch_model()/example_inputs() failed: {type(error).__name__}: {error}") from error
-    if memory_limit is not None:  # the size known before the port is built or anything run
+    if memory_limit is not None and size is None:  # a model the meta device cannot build: measured built
         size = estimate(reference_model, dtype)
         if size.whole > memory_limit:
             raise SpecError(size.message(memory_limit))
@@ -992,7 +992,8 @@ def _optimizer_differences(run: _Run) -> list[str]:
 
     said = []
     (t_step,), (p_step,) = probes["step"]
-    if differ(t_step, p_step):
+    steps_differ = differ(t_step, p_step)
+    if steps_differ:
         said.append(f"the optimizers' learning rates differ: with a gradient of 1 the first step moves a weight by "
                     f"{t_step:.3g} in PyTorch and {p_step:.3g} in the port")
     (t_decay,), (p_decay,) = probes["decay"]
@@ -1000,7 +1001,7 @@ def _optimizer_differences(run: _Run) -> list[str]:
         said.append(f"the optimizers' weight decays differ: with zero gradients PyTorch's shrinks each weight by "
                     f"{-t_decay:.3g} of itself a step and the port's by {-p_decay:.3g} (lr × weight_decay; "
                     "torch.optim.AdamW's default weight_decay is 0.01, optax.adamw's 1e-4: give both the same)")
-    if said and said[0].startswith("the optimizers' learning rates"):
+    if steps_differ:
         return said  # the probes below are read relative to the step size
     (t_tiny,), (p_tiny,) = probes["tiny"]
     if t_step and differ(t_tiny / t_step, p_tiny / p_step):

@@ -215,11 +215,7 @@ def estimate(model, dtype: str) -> SizeEstimate:
     then one block's check (PyTorch's other blocks parked on disk), then the check of the parts outside the blocks."""
     import torch
 
-    seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
+    total = parameter_count(model)
     factor = WHOLE[dtype]
     whole = BASELINE + factor * 4 * total
     lists = []
@@ -236,6 +232,11 @@ def estimate(model, dtype: str) -> SizeEstimate:
                                   factor * 4 * largest)  # one block's check (the others parked on disk)
         outside = outside_estimate(total - blocks)
     return SizeEstimate(total, whole, by_block, dtype, outside)
+
+
+def parameter_count(model) -> int:
+    """The model's parameters, a tensor shared between modules (a tied embedding) counted once."""
+    return sum({id(p): p.numel() for p in model.parameters()}.values())
 
 
 def outside_estimate(parameters: int) -> float:
