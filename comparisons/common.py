@@ -75,7 +75,7 @@ def compare_trajectory(name: str, spec: TrainConfig, initial_g, initial_d, metri
     """Replay a recorded float64 run in JAX; every metric and every final state entry within ``tolerance``."""
     from functional_gan.replay import replay
 
-    from .judge import compare
+    from functional_gan.testing.judge import compare
 
     real, noise = make_batches(spec)
     ours = replay(initial_g, initial_d, real, noise, "float64", spec, mix=make_mix(spec))

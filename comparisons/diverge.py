@@ -16,7 +16,7 @@ The JAX side is the training step itself: the parts :func:`functional_gan.train.
 :func:`~functional_gan.train.generator_update`), built from the project's pieces when the finder
 runs, so a test can plant a fault in any of them and check that the finder names it.
 
-Each quantity is judged by :func:`functional_gan.comparisons.judge.compare`, the same core as
+Each quantity is judged by :func:`functional_gan.testing.judge.compare`, the same core as
 ``check-port``: the reference is PyTorch in float64. In float64 the port must agree within 1e-10 of
 each tensor's scale; in float32 within k × PyTorch's own float32 error (the largest of three
 float32 PyTorch runs of the same iteration: as it is, and with the batch's rows in two other orders).
@@ -44,7 +44,9 @@ from functional_gan.replay import check_batches, config_from_state_dicts, load_b
 from functional_gan.testing.check import PERMUTED_RUNS
 from functional_gan.testing.torch_side import step_with_gradients
 
-from . import judge, reference_runs
+from functional_gan.testing import judge
+
+from . import reference_runs
 from .common import state_from_snapshot
 
 STAGES = ("forward", "loss", "gradient", "update", "running statistics")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from functional_gan.comparisons.judge import compare
+from functional_gan.testing.judge import compare
 from functional_gan.main import main
 from functional_gan.testing import ConvertError, load_converted, load_spec
 from functional_gan.testing import convert as converting

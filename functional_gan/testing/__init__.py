@@ -12,6 +12,8 @@ The way ``numpy.testing`` and ``torch.testing`` read. The pieces, one concern ea
 * :mod:`.apis`: the port's API (Flax Linen, Flax NNX, Equinox, plain functions) seen as one form; :func:`tap`;
 * :mod:`.torch_side` and :mod:`.jax_side`: one step of each framework;
 * :mod:`.check`: the check itself (:func:`check_port`); :mod:`.asserting`: :func:`assert_port`, for test suites;
+* :mod:`.judge`: the one criterion, a quantity against its float64 reference, and :class:`~.judge.Verdict`, what a
+  row means (torch-free: the comparison suite imports it too);
 * :mod:`.report`: its rows, verdict and forms (text, Markdown, JSON);
 * :mod:`.convert`: a PyTorch ``state_dict`` converted into the port's weights, checked first
   (:func:`.convert.convert`), and read back (:func:`load_converted`);

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from types import ModuleType
 
-from functional_gan.comparisons.judge import DEFAULT_K
+from .judge import DEFAULT_K
 
 from .blocks import check_by_block
 from .check import check_port

@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from functional_gan.comparisons.judge import DEFAULT_K
 from functional_gan.progress import progress_bar
 
 from . import apis, outside
@@ -41,7 +40,8 @@ from .check import check_port
 from .memory import (GIB, Phases, estimate, estimate_before_building, old_objects_frozen, outside_estimate,
                      parameter_count)
 from .pairing import default_to_jax
-from .report import EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_PRECISION, PROGRAMS, Report, badness, ratio_text
+from .judge import DEFAULT_K, Verdict
+from .report import EXIT_AGREEMENT, PROGRAMS, Report, badness, outcome_words, ratio_text
 from .spec import Spec, SpecError, call_loss, select_output
 from .torch_side import Parked
 
@@ -69,21 +69,25 @@ class BlockReport:
         extra = [(OUTSIDE, self.outside_report)] if self.outside_report is not None else []
         return list(self.blocks) + extra
 
+    @property
+    def outcome(self) -> Verdict:
+        """The worst part's verdict: a divergence, else precision findings, else agreement."""
+        outcomes = {report.outcome for _, report in self._all()}
+        return next((v for v in (Verdict.DIVERGENCE, Verdict.PRECISION_FINDING) if v in outcomes), Verdict.AGREEMENT)
+
     def exit_status(self, allow_precision: bool | None = None) -> int:
         """1 if a block diverges, else 3 if a block has precision findings (0 with ``allow_precision``), else 0."""
         allow = self.allow_precision if allow_precision is None else allow_precision
-        statuses = {report.exit_status(allow) for _, report in self._all()}
-        for status in (EXIT_DIVERGENCE, EXIT_PRECISION):
-            if status in statuses:
-                return status
-        return EXIT_AGREEMENT
+        return EXIT_AGREEMENT if self.outcome is Verdict.PRECISION_FINDING and allow else self.outcome.exit_status
 
     @property
     def first_failing(self) -> tuple[str, Report] | None:
-        """The first block, in the model's order, that diverges (else the first with precision findings)."""
-        for wanted in (EXIT_DIVERGENCE, EXIT_PRECISION):
+        """The first block, in the model's order, that diverges (else the first with precision findings, unless they
+        are allowed)."""
+        wanted = (Verdict.DIVERGENCE,) if self.allow_precision else (Verdict.DIVERGENCE, Verdict.PRECISION_FINDING)
+        for verdict in wanted:
             for name, report in self._all():
-                if report.exit_status(self.allow_precision) == wanted:
+                if report.outcome is verdict:
                     return name, report
         return None
 
@@ -98,8 +102,8 @@ class BlockReport:
 
     def format(self, markdown: bool = False) -> str:
         status = self.exit_status()
-        outcome = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE", EXIT_PRECISION: "precision findings"}
-        lines = [f"check-port {self.spec}, block by block: {outcome[status]} (exit status {status}); {len(self.blocks)} "
+        lines = [f"check-port {self.spec}, block by block: {outcome_words(self.outcome, self.allow_precision)} "
+                 f"(exit status {status}); {len(self.blocks)} "
                  f"blocks, {self.dtype}, k = {self.k:g}",
                  "Each block fed PyTorch's own input to it (float64 run of the whole model), with the loss "
                  "sum(output · the model loss's gradient at its output): its parameters' gradients are the model's, "
@@ -107,8 +111,8 @@ class BlockReport:
                  "", f"  {'block':<28} {'rows':>5}  {'verdict':<12} {'worst':>9}  at"]
         for name, report in self._all():
             worst = max(report.rows, key=badness) if report.rows else None
-            verdict = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE",
-                       EXIT_PRECISION: "precision"}[report.exit_status(self.allow_precision)]
+            verdict = {Verdict.DIVERGENCE: "DIVERGENCE", Verdict.PRECISION_FINDING: "precision"}.get(
+                report.outcome, "agreement") if report.exit_status(self.allow_precision) else "agreement"
             where = f"{worst.label}, {worst.name}" if worst else ""
             lines.append(f"  {name:<28} {len(report.rows):>5}  {verdict:<12} {ratio_text(worst) if worst else '':>9}  "
                          f"{where}")
@@ -126,7 +130,7 @@ class BlockReport:
         else:  # the block's own report ends with its first departure in full; the closing line names it
             name, report = failing
             first = report.first_divergence or report.precision_findings[0]
-            word = "diverges" if report.exit_status(self.allow_precision) == EXIT_DIVERGENCE else "has precision findings"
+            word = "diverges" if report.outcome is Verdict.DIVERGENCE else "has precision findings"
             title = "The model outside the blocks" if name == OUTSIDE else f"Block {name}"
             lines += ["", f"{title}, in full:", "", report.format(), "",
                       f"{title} {word} first: {first.label}, {first.name} (its report above)."]

@@ -73,10 +73,10 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from functional_gan.comparisons.judge import DEFAULT_K, Measured, Row, TwinMeasured, compare, relative_error
 from functional_gan.errors import UserError
 
 from . import apis, taps, widen
+from .judge import DEFAULT_K, Measured, Row, TwinMeasured, compare, relative_error
 from .jax_side import check_dtypes, jax_step_function
 from .pairing import (Pairing, leaf_at, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors,
                       torch_in_flax_layout, transfer, variables_from_torch)

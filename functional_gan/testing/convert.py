@@ -192,7 +192,7 @@ def convert(spec, weights: str | os.PathLike, out: str | os.PathLike, overwrite:
             allow_precision: bool = False):
     """Convert ``weights`` for ``spec``'s port (see the module's docstring). Returns ``(report, folder)``: the folder
     written, or None when the port does not agree (nothing written)."""
-    from functional_gan.comparisons.judge import DEFAULT_K
+    from .judge import DEFAULT_K
 
     from .check import check_port
     from .spec import SpecError

@@ -1,7 +1,7 @@
 """Precision findings: where a port's float32 error is beyond PyTorch's own although its mathematics is right, why.
 
 A row is a precision finding when it is further from PyTorch64 than k × PyTorch's own float32 error while the same
-JAX program in float64 agrees with PyTorch64 (:attr:`functional_gan.comparisons.judge.Row.precision`). The check
+JAX program in float64 agrees with PyTorch64 (:attr:`functional_gan.testing.judge.Row.precision`). The check
 then names where it starts (the first forward row, before the gradients that inherit it) and the causes that fit,
 each read off the port or measured, never assumed:
 
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_gan import xla_guard
-from functional_gan.comparisons.judge import Row
+from .judge import Row
 
 
 def start_of(findings: list[Row]) -> Row | None:

@@ -1,11 +1,9 @@
 """The report of a check: its rows, its verdict, and the text, Markdown and JSON forms.
 
-Three outcomes, each with its exit status, by the verdict rule of :mod:`functional_gan.comparisons.judge`
-(``VERDICT_RULE``, the report's footer): agreement (0; notes and rows not compared included); a divergence (1: a
-quantity out of tolerance whose mathematics differs, or an output whose shape differs); precision findings and no
-divergence (3: beyond the allowance, the mathematics right, more than √eps of the scale; 0 with
-``--allow-precision``). The text starts with its summary (per stage the count and the worst ratio to PyTorch's own
-error, every divergence and precision finding), then the weight transfer and the table.
+A check's outcome (:attr:`Report.outcome`) is the worst of its rows' verdicts, each a
+:class:`~functional_gan.testing.judge.Verdict`, which says what it means and its exit status (the rule, stated there
+once, is the report's footer). The text starts with its summary (per stage the count and the worst ratio to
+PyTorch's own error, every divergence and precision finding), then the weight transfer and the table.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from typing import Any
 import jax
 
 from functional_gan import xla_guard
-from functional_gan.comparisons.judge import FLOAT64_TOLERANCE, SIGNIFICANT, ULPS, ULPS64, VERDICT_RULE, Row
+from .judge import EXIT_SPEC, FLOAT64_TOLERANCE, SIGNIFICANT, ULPS, ULPS64, VERDICT_RULE, Row, Verdict
 
 from .pairing import Pairing
 
@@ -29,7 +27,8 @@ def jax_build() -> str:
 
 
 STAGES = ("forward", "output", "loss", "gradient", "update", "buffer")
-EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_SPEC, EXIT_PRECISION = 0, 1, 2, 3
+EXIT_AGREEMENT, EXIT_DIVERGENCE, EXIT_PRECISION = (Verdict.AGREEMENT.exit_status, Verdict.DIVERGENCE.exit_status,
+                                                  Verdict.PRECISION_FINDING.exit_status)
 LISTED = 20  # divergences and precision findings listed by name in the summary (the table has every row)
 NEAR_ZERO = 0.01  # PyTorch's own error above this fraction of a quantity's scale: the quantity is rounding itself
 
@@ -96,15 +95,20 @@ class Report:
         """Agreement: every quantity within tolerance, no divergence and no precision finding."""
         return self.first_divergence is None and not self.precision_findings
 
-    def exit_status(self, allow_precision: bool | None = None) -> int:
-        """0 agreement, 1 a divergence, 3 precision findings only (0 with ``allow_precision``, by default the
-        report's own)."""
-        allow = self.allow_precision if allow_precision is None else allow_precision
+    @property
+    def outcome(self) -> Verdict:
+        """The check's verdict: a divergence in either program, else a precision finding of the judged one, else
+        agreement (notes and rows not compared included)."""
         if self.first_divergence is not None:
-            return EXIT_DIVERGENCE
-        if self.precision_findings and not allow:
-            return EXIT_PRECISION
-        return EXIT_AGREEMENT
+            return Verdict.DIVERGENCE
+        return Verdict.PRECISION_FINDING if self.precision_findings else Verdict.AGREEMENT
+
+    def exit_status(self, allow_precision: bool | None = None) -> int:
+        """The outcome's exit status: 0 agreement, 1 a divergence, 3 precision findings only (0 with
+        ``allow_precision``, by default the report's own)."""
+        allow = self.allow_precision if allow_precision is None else allow_precision
+        outcome = self.outcome
+        return EXIT_AGREEMENT if outcome is Verdict.PRECISION_FINDING and allow else outcome.exit_status
 
     @property
     def only_in(self) -> str | None:
@@ -212,9 +216,7 @@ class Report:
         """Per stage: the count and the worst ratio to PyTorch's own error (or to the allowance) with its row; then
         every divergence and precision finding (the first ``LISTED`` by name)."""
         status = self.exit_status()
-        outcome = {EXIT_AGREEMENT: "agreement", EXIT_DIVERGENCE: "DIVERGENCE", EXIT_PRECISION: "precision findings"}[status]
-        if status == EXIT_AGREEMENT and self.precision_findings:
-            outcome = "precision findings, allowed"
+        outcome = outcome_words(self.outcome, self.allow_precision)
         lines = [f"Summary: {outcome} (exit status {status}); {len(self.rows)} quantities, {self.dtype}, "
                  f"k = {self.k:g}", f"  {'stage':<9} {'rows':>5}  {'worst':>9}  at"]
         for stage in STAGES:
@@ -312,7 +314,7 @@ class Report:
             jax_noise = f"{own:.2e}" if own is not None else "—"
             ratio = _ratio(r.ratio) if r.ratio is not None else "—"
             error = "shape" if r.shapes is not None else f"{r.port_error:.2e}"
-            mark = "✓" if r.passed else ("≈" if r.finding else "~" if r.note else "–" if r.not_compared else "✗")
+            mark = r.verdict.mark
             if r.passed and r.noise is not None and r.noise > NEAR_ZERO:
                 mark = "✓°"
                 near_zero = True
@@ -326,6 +328,13 @@ class Report:
         lines += ["", self.verdict(), "", f"Verdicts: {VERDICT_RULE}"]
         text = "\n".join(lines)
         return f"```text\n{text}\n```\n" if markdown else text
+
+
+def outcome_words(outcome: Verdict, allow_precision: bool = False) -> str:
+    """A check's outcome as its summary line names it."""
+    if outcome is Verdict.PRECISION_FINDING:
+        return "precision findings, allowed" if allow_precision else "precision findings"
+    return "DIVERGENCE" if outcome is Verdict.DIVERGENCE else outcome.words
 
 
 def badness(row: Row) -> float:

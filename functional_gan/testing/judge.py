@@ -1,8 +1,9 @@
 """The one judge of "does the port agree with PyTorch": a quantity against its float64 reference.
 
-Used by ``check-port`` (:mod:`functional_gan.testing`), the divergence finder (:mod:`.diverge`) and the comparison
-suite's trajectories (:func:`.common.compare_trajectory`, also on the recorded fixtures, without PyTorch).
-Free of PyTorch imports.
+Used by ``check-port`` (:mod:`functional_gan.testing`), the divergence finder
+(:mod:`functional_gan.comparisons.diverge`) and the comparison suite's trajectories
+(:func:`functional_gan.comparisons.common.compare_trajectory`, also on the recorded fixtures, without PyTorch), which
+import it from here. Free of PyTorch imports (importing it imports nothing else of :mod:`functional_gan.testing`).
 
 A quantity's error is ``max |port − reference| / max |reference|`` (its scale). The verdict rule, the same in both
 dtypes (:data:`VERDICT_RULE`, which check-port's report prints as its footer):
@@ -33,6 +34,7 @@ the scale) and float32 within k × PyTorch's recorded error.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 
 import numpy as np
@@ -53,15 +55,38 @@ EPS = {"float32": float(np.finfo(np.float32).eps), "float64": float(np.finfo(np.
 # Flax's E[x²] − E[x]² makes 35% of its scale from the exact value (PyTorch's own: 1.4%) stays a finding.
 SIGNIFICANT = {dtype: math.sqrt(eps) for dtype, eps in EPS.items()}
 
-VERDICT_RULE = (
-    "agreement: within k × the larger of PyTorch's own error and (float64) the port's own (each framework's float32 "
-    "error × 2⁻²⁹ beside PyTorch64's variants; a float32 island's error where either computes in float32 inside), at "
-    "least the ulp floor; divergence (exit 1): beyond it and the "
-    "mathematics differs (float32: the same JAX program in float64 does not agree with PyTorch64; float64: no "
-    "verified cause explains it); precision finding (exit 3): beyond it, the "
-    "mathematics right (float32: the float64 twin agrees; float64: a cause verified by rerunning without it) and more "
-    "than √eps of the scale (3.5e-4 in float32, 1.5e-8 in float64); note (~): the same within √eps, rounding that "
-    "changes no training run (exit 0); not compared: a layer's output the checker could not lay out as PyTorch's.")
+class Verdict(enum.Enum):
+    """What a compared quantity's row means, and what it does to the check's exit status: the verdict rule, stated
+    once (:data:`VERDICT_RULE` is its words; :attr:`Row.verdict` a row's; ``Report.outcome`` a check's)."""
+
+    AGREEMENT = ("agreement", "✓", 0,
+                 "within k × the larger of PyTorch's own error and (float64) the port's own (each framework's float32 "
+                 "error × 2⁻²⁹ beside PyTorch64's variants; a float32 island's error where either computes in float32 "
+                 "inside), at least the ulp floor")
+    DIVERGENCE = ("divergence", "✗", 1,
+                  "beyond it and the mathematics differs (float32: the same JAX program in float64 does not agree "
+                  "with PyTorch64; float64: no verified cause explains it)")
+    PRECISION_FINDING = ("precision finding", "≈", 3,
+                         "beyond it, the mathematics right (float32: the float64 twin agrees; float64: a cause "
+                         "verified by rerunning without it) and more than √eps of the scale (3.5e-4 in float32, "
+                         "1.5e-8 in float64), exit 0 where precision findings are allowed")
+    NOTE = ("note", "~", 0, "the same within √eps, rounding that changes no training run")
+    NOT_COMPARED = ("not compared", "–", 0, "a layer's output the checker could not lay out as PyTorch's")
+
+    def __init__(self, words: str, mark: str, exit_status: int, meaning: str):
+        self.words = words  # as the report's summary names it
+        self.mark = mark  # the table's column "ok"
+        self.exit_status = exit_status  # of a check whose worst row this is
+        self.meaning = meaning
+
+    def __str__(self) -> str:
+        return f"{self.words} ({self.mark}, exit {self.exit_status}): {self.meaning}"
+
+
+VERDICT_RULE = "; ".join(str(v) for v in Verdict) + "."
+# A check's exit status: its worst row's verdict's (above), or this one where the spec cannot be used (SpecError: a
+# missing piece, weights that do not pair, a check estimated beyond the memory available, an unreadable file)
+EXIT_SPEC = 2
 
 
 class Measured(float):
@@ -181,6 +206,19 @@ class Row:
     @property
     def diverged(self) -> bool:
         return not self.passed and not self.precision and not self.not_compared
+
+    @property
+    def verdict(self) -> Verdict:
+        """This row's :class:`Verdict` (the properties above, in the rule's order)."""
+        if self.passed:
+            return Verdict.AGREEMENT
+        if self.not_compared:
+            return Verdict.NOT_COMPARED
+        if self.finding:
+            return Verdict.PRECISION_FINDING
+        if self.note:
+            return Verdict.NOTE
+        return Verdict.DIVERGENCE
 
     @property
     def ratio(self) -> float | None:
