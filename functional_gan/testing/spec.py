@@ -10,6 +10,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 from functional_gan.errors import UserError
 
 if TYPE_CHECKING:
@@ -28,38 +30,79 @@ class PortDtypeError(SpecError):
 
 
 
+def _entry(written: str, doc: str, default=None, need: str = "optional"):
+    """A spec's entry: how a spec file writes it, what it is (the reference table of docs/check-port.md is generated
+    from these: :mod:`functional_gan.testing.reference`), and whether it is needed."""
+    return dataclasses.field(default=default, metadata={"written": written, "doc": doc, "need": need})
+
+
 @dataclasses.dataclass
 class Spec:
-    torch_model: Callable[[], torch.nn.Module]
-    jax_model: Callable[[], Any] | None = None  # or jax_params with jax_apply
-    example_inputs: Callable[[], tuple] | None = None  # required
-    example_targets: Callable[[], tuple] | None = None
-    to_jax: Callable[..., tuple] | None = None
-    from_jax: Callable[[Any], Any] | None = None
-    param_map: dict[str, str] | None = None
-    torch_loss: Callable | None = None
-    jax_loss: Callable | None = None
-    torch_optimizer: Callable | None = None
-    jax_optimizer: Callable | None = None
-    jax_apply: Callable | None = None
-    jax_params: Callable[[], Any] | None = None
-    jax_state: Callable[[], Any] | None = None
-    train: bool = True
-    output: str | int | None = None  # OUTPUT: the field (attribute or key) or index of both models' outputs compared
-    per_sample: bool = False
-    batch_axis: str = "batch"
-    # --by-block: blocks() -> [(PyTorch module name, the port's block, or a function that builds it)], how a block's
-    # inputs and outputs move between the frameworks (default: the API's layout), and BLOCK_OUTPUT (as OUTPUT)
-    blocks: Callable[[], list] | None = None
-    block_to_jax: Callable[..., tuple] | None = None
-    block_from_jax: Callable[[Any], Any] | None = None
-    block_output: str | int | None = None
-    # INPUT_GRADIENTS: the gradient of the loss with respect to each floating-point input compared too (always, block
-    # by block: a block's input gradient is what it passes to the blocks before it)
-    input_gradients: bool = False
-    # TAPS: {name: (PyTorch's function, the port's function)}, each "module:function": their outputs compared, per call
-    # (functional_gan.testing.taps)
-    taps: dict | None = None
+    """What a check compares: a spec file's (or module's) entries, each read into the field of its name (lower-case
+    for the constants: ``TRAIN`` is ``train``)."""
+
+    torch_model: Callable[[], torch.nn.Module] = _entry(
+        "torch_model()", "the PyTorch model (a class will do): built once under torch.manual_seed(seed), its weights "
+        "loaded into every later build", need="required")
+    jax_model: Callable[[], Any] | None = _entry(
+        "jax_model()", "the port: a Flax Linen module, a Flax NNX module or an Equinox module (or (module, state) "
+        "from eqx.nn.make_with_state)", need="required, or jax_params() with jax_apply")
+    example_inputs: Callable[[], tuple] | None = _entry(
+        "example_inputs()", "a tuple of NumPy arrays, as the PyTorch model takes them", need="required")
+    example_targets: Callable[[], tuple] | None = _entry(
+        "example_targets()", "arrays the losses take after the model's output and inputs")
+    to_jax: Callable[..., tuple] | None = _entry(
+        "to_jax(*arrays)", "the inputs as the port takes them (default: the API's layout: Linen and NNX channels-last, "
+        "arrays of 3 or more dimensions NC… → N…C; Equinox and functions as PyTorch has them)")
+    from_jax: Callable[[Any], Any] | None = _entry(
+        "from_jax(output)", "the port's output (and layer outputs) in PyTorch's layout (default: the API's, back)")
+    param_map: dict[str, str] | None = _entry(
+        "param_map", "{PyTorch module name: the port's module path \"a/b\"} where pairing by definition order and "
+        "shape is not enough")
+    torch_loss: Callable | None = _entry(
+        "torch_loss(output, *inputs, *targets)", "PyTorch's loss: the output as compared (after OUTPUT), the inputs "
+        "as the model takes them, the targets; one number", need="with jax_loss")
+    jax_loss: Callable | None = _entry(
+        "jax_loss(output, *inputs, *targets)", "the port's loss, called as torch_loss (the inputs as to_jax made "
+        "them)", need="with torch_loss")
+    torch_optimizer: Callable | None = _entry(
+        "torch_optimizer(parameters)", "a torch.optim optimizer over the parameters given", need="with jax_optimizer "
+        "and a loss")
+    jax_optimizer: Callable | None = _entry(
+        "jax_optimizer()", "an optax transformation (for every API: an nnx.Optimizer applies the same one)",
+        need="with torch_optimizer")
+    jax_apply: Callable | None = _entry(
+        "jax_apply(...)", "plain functions: jax_apply(params, *inputs) (with jax_state: jax_apply(params, state, "
+        "*inputs) -> (output, state)); Linen: jax_apply(model, variables, *inputs, capture_intermediates) -> (output, "
+        "{\"batch_stats\": …, \"intermediates\": …}) for a model whose __call__ needs more than the inputs")
+    jax_params: Callable[[], Any] | None = _entry(
+        "jax_params()", "plain functions: the port's parameters, a pytree (tap(\"layer\", x) marks a layer's output)")
+    jax_state: Callable[[], Any] | None = _entry(
+        "jax_state()", "plain functions: the port's running statistics, a pytree")
+    train: bool = _entry(
+        "TRAIN", "False compares in eval mode (dropout off, running statistics used; a Linen module's "
+        "deterministic/use_running_average/train argument or field set)", default=True)
+    output: str | int | None = _entry(
+        "OUTPUT", "the field (attribute, key or index) of both models' outputs compared, where they return objects "
+        "(\"logits\")")
+    per_sample: bool = _entry(
+        "PER_SAMPLE", "True for an Equinox model that acts on one sample: vmapped over the batch", default=False)
+    batch_axis: str = _entry("BATCH_AXIS", "the vmapped batch's axis name (PER_SAMPLE)", default="batch")
+    blocks: Callable[[], list] | None = _entry(
+        "blocks()", "--by-block: [(PyTorch module name, the port's block, or a function that builds it)] "
+        "(default: PyTorch's largest ModuleList paired with the port's list of as many modules)")
+    block_to_jax: Callable[..., tuple] | None = _entry(
+        "block_to_jax(*arrays)", "--by-block: a block's recorded inputs as the port's block takes them (default: the "
+        "API's layout)")
+    block_from_jax: Callable[[Any], Any] | None = _entry(
+        "block_from_jax(output)", "--by-block: the port's block output in PyTorch's layout")
+    block_output: str | int | None = _entry("BLOCK_OUTPUT", "--by-block: as OUTPUT, of a block's outputs")
+    input_gradients: bool = _entry(
+        "INPUT_GRADIENTS", "True compares the loss's gradient with respect to each floating-point input too (always "
+        "on block by block: a block's input gradient is what it passes back)", default=False)
+    taps: dict | None = _entry(
+        "TAPS", "{name: (\"module:function\" of PyTorch's, of the port's)}: each pair's outputs compared, call by call "
+        "(rows inside a layer)")
     name: str = "spec"
     # set by --by-block for each block's own spec: the block's name (the messages speak of it, not of the spec's
     # functions), and how many leading inputs are the block's positional arguments (the rest are its keyword
@@ -151,7 +194,20 @@ def check_param_map(param_map) -> None:
 
 
 def spec_from_module(module: ModuleType | dict) -> Spec:
-    """A :class:`Spec` from a spec module's names (or a dict of them: the fields, lower-case, as keywords)."""
+    """A :class:`Spec` from a spec module's names.
+
+    Args:
+        module: an imported spec module, or a dict of its names (the fields' names, or the constants' upper-case ones:
+            ``TRAIN``); each entry is a :class:`Spec` field, documented there.
+
+    Returns:
+        The :class:`Spec`, named after the module.
+
+    Raises:
+        SpecError: a required entry missing (``torch_model``, ``example_inputs``, and ``jax_model`` or ``jax_params``
+            with ``jax_apply``), one of a pair without the other (the losses, the optimizers), an optimizer without a
+            loss, or a malformed ``param_map``.
+    """
     values = dict(module) if isinstance(module, dict) else dict(vars(module))
     for constant, field in CONSTANTS.items():
         if constant in values:
@@ -180,8 +236,19 @@ def spec_from_module(module: ModuleType | dict) -> Spec:
 
 
 def load_spec(path: str | Path) -> Spec:
-    """A spec file: ``SPEC.py`` defining the functions above. Its folder goes on ``sys.path`` (first), so that it
-    can import its neighbours (``import my_port``) as a script would."""
+    """Read a spec file. Its folder goes on ``sys.path`` (first), so that it can import its neighbours
+    (``import my_port``) as a script would.
+
+    Args:
+        path: the spec's Python file, defining :class:`Spec`'s entries.
+
+    Returns:
+        The :class:`Spec`, named after the file's path.
+
+    Raises:
+        SpecError: the file does not exist, it raises on import (the exception's type and message said), or
+            :func:`spec_from_module` refuses its entries.
+    """
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"spec file {str(path)!r} does not exist")
@@ -224,3 +291,10 @@ def call_loss(loss, which: str, output, inputs: tuple, targets: tuple):
     if getattr(value, "shape", ()) not in ((), (1,)) and size != 1:
         raise SpecError(f"{which} returned {_described(value)}, not one number; check-port called {given}")
     return value
+
+
+def differentiated_inputs(spec: Spec, inputs) -> list[int]:
+    """INPUT_GRADIENTS: the positions of the inputs differentiated: the floating-point ones (under --by-block, among
+    the block's positional arguments only; its keyword arguments' arrays follow them, not differentiated)."""
+    limit = len(inputs) if spec.positional is None else spec.positional
+    return [i for i, x in enumerate(inputs[:limit]) if np.asarray(x).dtype.kind == "f"]
