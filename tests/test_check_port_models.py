@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from functional_gan import testing
+from functional_gan.testing.memory import MemoryPolicy
 from functional_gan.main import main
 from tests.helpers import assert_agrees
 
@@ -124,7 +125,7 @@ def test_the_compiled_step_donates_its_parameters_and_computes_what_jit_computes
     """The compiled step check-port runs: the parameters made for it are donated (written over by the new ones), the
     optimizer's state of a first step is made after compilation and donated too, and both variants give jax.jit's
     numbers bit for bit."""
-    from functional_gan.testing.check import _CompiledStep
+    from functional_gan.testing.jax_side import CompiledStep
     from functional_gan.testing.jax_side import jax_step_function
 
     spec = _attention_spec()
@@ -139,7 +140,7 @@ def test_the_compiled_step_donates_its_parameters_and_computes_what_jit_computes
         return {"params": jax.tree_util.tree_map(jnp.copy, params), "batch_stats": {}, "carry": adapter.carry}
 
     expected = jax.jit(step)(variables(), inputs, targets, optimizer.init(params))
-    compiled = _CompiledStep(step, optimizer)
+    compiled = CompiledStep(step, optimizer)
     made = []
 
     def make_state():
@@ -163,7 +164,7 @@ def test_the_float64_twin_compiled_before_its_start_is_made_computes_what_jit_co
     runs on is made (the compilation not beside the start's float64 parameters): jax.jit's numbers bit for bit."""
     import types
 
-    from functional_gan.testing.check import _float64_twin
+    from functional_gan.testing.jax_side import float64_twin
     from functional_gan.testing.jax_side import jax_step_function
 
     spec = _attention_spec()
@@ -181,9 +182,9 @@ def test_the_float64_twin_compiled_before_its_start_is_made_computes_what_jit_co
                 adapter.variables["params"])
         return {"params": params, "batch_stats": {}, "carry": adapter.carry}
 
-    plain = _float64_twin(run, jax.jit(step), make_before)
+    plain = float64_twin(run, jax.jit(step), make_before)
     assert len(made) == 1
-    first = _float64_twin(run, jax.jit(step), make_before, compile_first=True)
+    first = float64_twin(run, jax.jit(step), make_before, compile_first=True)
     assert len(made) == 3  # one start for its shapes, let go; one to run on
     assert np.asarray(first["loss"]).dtype == np.float64
     for key in ("output", "loss", "grads", "layers"):
@@ -193,18 +194,18 @@ def test_the_float64_twin_compiled_before_its_start_is_made_computes_what_jit_co
 def test_optimizer_runs_on_moved_values_read_lazily_are_the_moved_copies_bit_for_bit():
     """PyTorch's own float64 error at the update stage feeds its optimizer the start and the gradients moved by one ulp;
     the moves are drawn beforehand (int8) and applied as each tensor is read, the same numbers as moved copies."""
-    from functional_gan.testing.check import _Moved, _MovedState, _one_ulp, _ulp_signs
+    from functional_gan.testing.torch_side import Moved, MovedState, one_ulp, ulp_signs
 
     rng = np.random.default_rng(5)
     tensor, array = torch.from_numpy(rng.normal(size=(4, 5, 6))), rng.normal(size=(3, 300, 7))
     draws = np.random.default_rng(9)
-    copies = (_one_ulp(tensor, draws), _one_ulp(torch.from_numpy(np.array(array)), draws).numpy())
+    copies = (one_ulp(tensor, draws), one_ulp(torch.from_numpy(np.array(array)), draws).numpy())
     draws = np.random.default_rng(9)
-    signs = (_ulp_signs(tensor.shape, draws), _ulp_signs(array.shape, draws))
-    state = _MovedState({"w": tensor, "steps": torch.tensor([3])}, {"w": signs[0]})
+    signs = (ulp_signs(tensor.shape, draws), ulp_signs(array.shape, draws))
+    state = MovedState({"w": tensor, "steps": torch.tensor([3])}, {"w": signs[0]})
     assert torch.equal(state["w"], copies[0]) and torch.equal(state["steps"], torch.tensor([3]))
-    assert np.array_equal(np.asarray(_Moved(array, signs[1]), np.float64), copies[1])
-    assert np.array_equal(np.asarray(_Moved(array, signs[1])[2]), copies[1][2])  # a stacked leaf's slice
+    assert np.array_equal(np.asarray(Moved(array, signs[1]), np.float64), copies[1])
+    assert np.array_equal(np.asarray(Moved(array, signs[1])[2]), copies[1][2])  # a stacked leaf's slice
     assert not np.array_equal(copies[1], array)
 
 
@@ -215,13 +216,13 @@ def test_the_reference_stepped_in_place_gives_the_rows_a_working_copy_gives(dtyp
     from functional_gan.testing import check
 
     report = testing.check_port(_attention_spec(), dtype)
-    fed, asked = check._fed_updates, []
+    fed, asked = check.fed_updates, []
 
     def working_copy(*args, in_place=False, **kwargs):
         asked.append(in_place)
         return fed(*args, in_place=False, **kwargs)
 
-    monkeypatch.setattr(check, "_fed_updates", working_copy)
+    monkeypatch.setattr(check, "fed_updates", working_copy)
     again = testing.check_port(_attention_spec(), dtype)
     assert asked == [False, True]  # eager's start is jit's start too; jit, the last, would step the reference
     assert [row.__dict__ for row in report.rows + report.other_rows] == \
@@ -236,10 +237,9 @@ def test_reference_gradients_computed_again_are_the_ones_held(dtype, monkeypatch
     from functional_gan.testing import check
 
     held = testing.check_port(_attention_spec(), dtype, steps=2)
-    computed, calls = check._recomputed_gradients, []
-    monkeypatch.setattr(check, "RECOMPUTED_ABOVE", -1)
-    monkeypatch.setattr(check, "_recomputed_gradients", lambda run: calls.append(1) or computed(run))
-    again = testing.check_port(_attention_spec(), dtype, steps=2)
+    computed, calls = check.recomputed_gradients, []
+    monkeypatch.setattr(check, "recomputed_gradients", lambda run: calls.append(1) or computed(run))
+    again = testing.check_port(_attention_spec(), dtype, steps=2, memory=MemoryPolicy(recomputed_above=-1))
     assert len(calls) == 2  # at the last step, once for each program
     assert [row.__dict__ for row in held.rows + held.other_rows] == \
         [row.__dict__ for row in again.rows + again.other_rows]
@@ -260,7 +260,7 @@ def test_the_reference_parked_on_disk_while_the_port_runs_gives_the_same_report(
     from functional_gan.testing import check
 
     held = testing.check_port(_wide_attention_spec(), dtype, steps=2)
-    run_program, seen = check._run_program, []
+    run_program, seen = check.run_program, []
 
     def spy(run, *args, **kwargs):
         model, optimizer = run.sides["ref"]
@@ -270,9 +270,8 @@ def test_the_reference_parked_on_disk_while_the_port_runs_gives_the_same_report(
                      for t in [*model.parameters(), *moments] if t.numel() >= 4096])
         return run_program(run, *args, **kwargs)
 
-    monkeypatch.setattr(check, "PARKED_ABOVE", -1)
-    monkeypatch.setattr(check, "_run_program", spy)
-    again = testing.check_port(_wide_attention_spec(), dtype, steps=2)
+    monkeypatch.setattr(check, "run_program", spy)
+    again = testing.check_port(_wide_attention_spec(), dtype, steps=2, memory=MemoryPolicy(parked_above=-1))
     assert [len(sums) for sums in seen] == [9] * 4  # two steps of two programs: 3 weights, Adam's 6 moments of them
     assert all(all(sums) for sums in seen)
     assert [row.__dict__ for row in held.rows + held.other_rows] == \

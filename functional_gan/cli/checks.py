@@ -194,10 +194,11 @@ def run_check_port(args) -> int:
             from functional_gan.testing.blocks import check_by_block
 
             report = check_by_block(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state,
-                                    memory_limit=limit, progress=True)
+                                    memory_limit=limit, progress=True, allow_precision=args.allow_precision)
         else:
             report = port.check_port(spec, args.dtype, args.steps, args.k, programs=programs, torch_state=state,
-                                     export=bool(args.save), memory_limit=limit, progress=True)
+                                     export=bool(args.save), memory_limit=limit, progress=True,
+                                     allow_precision=args.allow_precision)
     except (UserError, MemoryError, KeyboardInterrupt):
         raise
     except Exception as error:  # raised in the spec's or the port's code: exit 2 with one line, never 1 (a divergence)
@@ -207,7 +208,6 @@ def run_check_port(args) -> int:
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise UserError(f"the check stopped on an exception raised in {where}: {type(error).__name__}: {message} "
                         "(not a verdict on the port: fix the spec or the port there and run the check again)") from error
-    report.allow_precision = args.allow_precision
     print(report.format())
     if args.memory:
         print("\n" + report.memory.format())

@@ -41,8 +41,17 @@ _NESTED: list[dict] = []  # where layer outputs from inside the port's own trans
 
 
 def tap(name: str, value):
-    """Record ``value`` as the output of the port's layer ``name`` (its path, ``"a/b"``) while check-port captures
-    per-layer outputs; returns ``value`` unchanged, so a plain function can say ``x = tap("fc1", x @ w + b)``."""
+    """Record ``value`` as the output of the port's layer ``name`` while check-port captures per-layer outputs (a
+    plain-function port's layers, which no module marks).
+
+    Args:
+        name: the layer's path in the port's parameters, ``"a/b"``.
+        value: the layer's output (any array, traced or not).
+
+    Returns:
+        ``value`` unchanged, so that a plain function can say ``x = tap("fc1", x @ w + b)``; outside a check, it only
+        returns it.
+    """
     if _TAPS:
         _TAPS[-1].setdefault(tuple(str(name).split("/")), value)
     return value

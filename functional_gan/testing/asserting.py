@@ -51,11 +51,8 @@ def assert_port(spec: Spec | ModuleType | str | Path | None = None, /, *, dtype:
         spec = spec_from_module(pieces)
     elif pieces:
         spec = dataclasses.replace(spec, **pieces)
-    if by_block:
-        report = check_by_block(spec, dtype, steps, k, seed, programs)
-    else:
-        report = check_port(spec, dtype, steps, k, seed, programs)
-    report.allow_precision = allow_precision
+    check = check_by_block if by_block else check_port
+    report = check(spec, dtype, steps, k, seed, programs, allow_precision=allow_precision)
     if report.exit_status() != 0:
         raise AssertionError(f"{report.verdict()}\n\n{report.format()}")
     return report

@@ -552,7 +552,8 @@ def _in_model(block: str, row: str) -> str:
 
 def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
                    programs: tuple[str, ...] | None = None, torch_state: dict | None = None,
-                   memory_limit: float | None = None, progress: bool = False) -> BlockReport:
+                   memory_limit: float | None = None, progress: bool = False,
+                   allow_precision: bool = False) -> BlockReport:
     """Check the port block by block (see the module's docstring): the PyTorch model run once in float64 to record
     each block's inputs and cotangent, :func:`check_port` on each block, one at a time, then on the model with its
     blocks replaced (:mod:`.outside`).
@@ -571,6 +572,7 @@ def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float 
             parameters (:func:`.memory.estimate`), exceeds it; the check of the rest of the model is left out (and the
             report says so) where its own estimate exceeds it.
         progress: a bar over the parts on standard error (a line per 5% where it is not a terminal).
+        allow_precision: precision findings alone exit 0, as for :func:`.check.check_port`.
 
     Returns:
         A :class:`BlockReport`: each block's :class:`.report.Report`, the rest of the model's (or why it was not
@@ -581,7 +583,9 @@ def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float 
             or the rest of the model, and the side that failed.
     """
     with old_objects_frozen():
-        return _check_by_block(spec, dtype, steps, k, seed, programs, torch_state, memory_limit, progress)
+        report = _check_by_block(spec, dtype, steps, k, seed, programs, torch_state, memory_limit, progress)
+    report.allow_precision = allow_precision
+    return report
 
 
 def _check_by_block(spec: Spec, dtype: str, steps: int, k: float, seed: int, programs: tuple[str, ...] | None,
@@ -648,17 +652,7 @@ def _checked_by_block(spec, dtype, steps, k, seed, programs, blocks, records, te
             report = check_port(block_spec, dtype, steps, k, seed, programs or PROGRAMS)
         except SpecError as error:  # which block, and (in the message) which side
             raise type(error)(f"--by-block, block {name}: {error}") from error
-        report.memory = report.converted = None
-        # The block's loss, sum(output · cotangent), is the checker's own construction, not a quantity of the model (a
-        # sum of B·T·C terms that cancel, whose float32 rounding depends on the order of summation alone): not judged.
-        report.rows = [row for row in report.rows if row.stage != "loss"]
-        report.other_rows = [row for row in report.other_rows if row.stage != "loss"]
-        for row in report.rows + report.other_rows:  # named as in the whole model
-            row.name = _in_model(name, row.name)
-        report.hints = {(stage, _in_model(name, row)): hint for (stage, row), hint in report.hints.items()}
-        if not report.precision_findings:  # the likely causes were of the loss row alone
-            report.causes = []
-        reports.append((name, report))
+        reports.append((name, _in_the_model(name, report)))
         del port
         jax.clear_caches()
         phases.mark(f"block {name}")
@@ -680,6 +674,20 @@ def _checked_by_block(spec, dtype, steps, k, seed, programs, blocks, records, te
     bar.close()
     return BlockReport(spec.name, dtype, k, reports, outside_names, phases, outside_report=outside_report,
                        outside_why=why)
+
+
+def _in_the_model(name: str, report: Report) -> Report:
+    """A block's report as the model's: its rows named as in the whole model, without the block's loss, which is the
+    checker's own construction, not a quantity of the model (a sum of B·T·C terms that cancel, whose float32 rounding
+    depends on the order of summation alone): not judged."""
+    def renamed(rows):
+        return [dataclasses.replace(row, name=_in_model(name, row.name)) for row in rows if row.stage != "loss"]
+
+    rows = renamed(report.rows)
+    return dataclasses.replace(
+        report, rows=rows, other_rows=renamed(report.other_rows), memory=None, converted=None,
+        hints={(stage, _in_model(name, row)): hint for (stage, row), hint in report.hints.items()},
+        causes=report.causes if any(r.finding for r in rows) else [])  # else they were of the loss row alone
 
 
 def _refuse_if_too_large(size, dtype: str, memory_limit: float) -> None:
@@ -726,6 +734,5 @@ def _check_outside(spec: Spec, names: list[str], stand_ins: dict[str, outside.Re
     except SpecError as error:
         raise type(error)(f"--by-block, outside the blocks (the model with each block replaced by a stand-in): "
                           f"{error}") from error
-    report.memory = report.converted = None
-    return report, ""
+    return dataclasses.replace(report, memory=None, converted=None), ""
 

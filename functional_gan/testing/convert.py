@@ -190,8 +190,25 @@ def write_converted(out: str | os.PathLike, api: str, exported, record: dict, ov
 
 def convert(spec, weights: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False, k: float | None = None,
             allow_precision: bool = False):
-    """Convert ``weights`` for ``spec``'s port (see the module's docstring). Returns ``(report, folder)``: the folder
-    written, or None when the port does not agree (nothing written)."""
+    """Convert ``weights`` for ``spec``'s port, after checking the port with them (see the module's docstring).
+
+    Args:
+        spec: the port's :class:`.spec.Spec`, as for :func:`.check.check_port` (checked in eval mode, no loss).
+        weights: a PyTorch checkpoint file (a state_dict, read with ``torch.load(weights_only=True)``; a safetensors
+            file also reads).
+        out: the folder to write.
+        overwrite: replace an existing ``out``.
+        k: the check's allowance (default 3).
+        allow_precision: write where the check finds precision findings alone.
+
+    Returns:
+        ``(report, folder)``: the check's :class:`.report.Report`, and the folder written, or None where the port does
+        not agree (nothing written).
+
+    Raises:
+        SpecError: as :func:`.check.check_port`'s.
+        ConvertError: ``out`` exists (without ``overwrite``), or ``weights`` cannot be read or do not fit the model.
+    """
     from .judge import DEFAULT_K
 
     from .check import check_port
@@ -206,8 +223,7 @@ def convert(spec, weights: str | os.PathLike, out: str | os.PathLike, overwrite:
     eval_spec = dataclasses.replace(spec, train=False, torch_loss=None, jax_loss=None, torch_optimizer=None,
                                     jax_optimizer=None)
     report = check_port(eval_spec, "float32", 1, DEFAULT_K if k is None else k, programs=("jit",), torch_state=state,
-                        export=True)
-    report.allow_precision = allow_precision
+                        export=True, allow_precision=allow_precision)
     if report.exit_status() != 0:
         return report, None
     return report, write_converted(out, report.api, report.converted, record_of(report, spec, weights), overwrite)
@@ -242,15 +258,22 @@ def record_of(report, spec, weights: str | os.PathLike | None) -> dict:
 
 
 def load_converted(folder: str | os.PathLike, template: Any = None, verify: bool = True):
-    """The weights ``convert`` wrote, read back without PyTorch: after checking every file's SHA-256 against
-    ``converted.json`` (``verify``).
+    """The weights :func:`convert` wrote, read back without PyTorch.
 
-    * Flax Linen: the variables dict, for ``model.apply(variables, x)`` (``template``: not needed);
-    * Flax NNX: ``template`` an NNX model of the same structure (``jax_model()``, or ``nnx.eval_shape`` of it); returns
-      that model with the converted state;
-    * Equinox: ``template`` the ``(model, state)`` pair (or the model) as ``jax_model()`` makes it; returns the same
-      structure filled;
-    * plain function: ``{"params": ..., "state": ...}``, nested dicts (``template``: not needed).
+    Args:
+        folder: the folder :func:`convert` (``functional-gan convert``) wrote.
+        template: Flax NNX: an NNX model of the same structure (``jax_model()``, or ``nnx.eval_shape`` of it);
+            Equinox: the ``(model, state)`` pair (or the model) as ``jax_model()`` makes it; Linen and plain
+            functions: not needed.
+        verify: check every file's SHA-256 against ``converted.json`` first.
+
+    Returns:
+        Flax Linen: the variables dict, for ``model.apply(variables, x)``; NNX: ``template`` with the converted state;
+        Equinox: the same structure as ``template``, filled; plain functions: ``{"params": ..., "state": ...}``.
+
+    Raises:
+        ConvertError: no ``converted.json`` there (or a damaged one), a file missing or changed since it was written,
+            or no ``template`` where the API needs one; nothing is loaded then.
     """
     folder = Path(folder)
     manifest = folder / MANIFEST

@@ -3,14 +3,23 @@ optimizer update), and the check that it computes in the precision asked."""
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+import sys
+import warnings
+from typing import TYPE_CHECKING, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import apis
-from .spec import PortDtypeError, Spec, call_loss, select_output
+from . import apis, widen
+from .memory import trim
+from .pairing import variables_from_torch
+from .report import program_words
+from .spec import PortDtypeError, Spec, SpecError, call_loss, select_output
+
+if TYPE_CHECKING:
+    from .run import Run
 
 
 def jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state: bool = True) -> Callable:
@@ -92,3 +101,272 @@ def check_dtypes(seen: dict, dtype: str, run) -> None:
                 f"param_dtype=jnp.zeros(()).dtype in jax_model(), which is {dtype} under the check)")
 
 
+def port_islands_run(run: Run, step_function, start: dict) -> dict:
+    """The port's step without its optimizer, compiled, with its lower-precision islands computed in float64."""
+    wide = jax.jit(widen.widened(step_function))
+    return collected(run, lambda: wide(start, run.jax_inputs, run.jax_targets, None))
+
+
+
+def narrowed(tree):
+    """``tree`` as a float32 program takes it: floating-point leaves in float32, integers in int32."""
+    def narrow(a):
+        if jax.dtypes.issubdtype(getattr(a, "dtype", np.float64), jax.dtypes.prng_key):  # a key (NNX's Rngs)
+            return a
+        a = np.asarray(a)
+        if a.dtype.kind == "f":  # beyond float32's range at its ends (an attention mask of float64's lowest value)
+            limit = np.finfo(np.float32)
+            return np.clip(a, limit.min, limit.max).astype(np.float32)
+        return a.astype(np.int32) if a.dtype.kind in "iu" and a.dtype.itemsize > 4 else a
+    return jax.tree_util.tree_map(narrow, tree)
+
+
+
+def port_variant(run: Run, function, start: dict) -> dict:
+    """float64: the port's program without its optimizer, run in float32 from the same start (64-bit types off, so
+    that a dtype the port fixes to its inputs' computes in float32 too). Rounding error scales with the unit roundoff:
+    the same summation orders and cancellations in float64 err 2⁻²⁹ times as much, so ``|JAX₃₂ − JAX₆₄| · 2⁻²⁹``
+    estimates the port's own float64 error, XLA's sums included, as PyTorch's float32 run estimates PyTorch's."""
+    start, inputs, targets = narrowed((start, run.jax_inputs, run.jax_targets))
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Explicitly requested dtype float64")  # a dtype the port fixes
+        warnings.filterwarnings("ignore", message="overflow encountered in cast")  # float64's finfo.min as a mask
+        return collected(run, lambda: function(start, inputs, targets, None))
+
+
+
+def noise_program(programs: tuple[str, ...]) -> str:
+    """The program whose float64 twin measures JAX's own float32 error: op by op where it runs (a fault of the
+    compiler alone then never reads as rounding), else the compiled one."""
+    return "eager" if "eager" in programs else programs[0]
+
+
+
+def run_program(run: Run, function, program: str, before: dict, opt_state, first: bool) -> dict:
+    """One step of the port by ``function``; on the first call, a port that raises is a spec the checker cannot use."""
+    trim()  # what the step's start and the previous program freed, handed back before this one allocates
+    try:
+        return collected(run, lambda: function(before, run.jax_inputs, run.jax_targets, opt_state))
+    except SpecError as error:  # raised while JAX traced the step, which appends a note on its traceback filtering
+        raise type(error)(str(error).split("\n-----")[0]) from error
+    except Exception as error:
+        if not first:
+            raise
+        hints = []
+        if run.adapter.api == "Equinox" and not run.spec.per_sample:
+            hints.append("an Equinox model that acts on one sample needs PER_SAMPLE = True")
+        if run.adapter.channels_last and run.spec.to_jax is None and any(np.ndim(x) >= 3 for x in run.inputs):
+            hints.append("its inputs of 3 or more dimensions were moved channels-last; to_jax says otherwise")
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        words = run.spec.words()
+        raise SpecError(f"{words['port']} ({program_words((program,))}) failed on {words['inputs']}: "
+                        f"{type(error).__name__}: {message}" + (f" ({'; '.join(hints)})" if hints else "")) from error
+
+
+
+def float64_twin(run: Run, function, make_before: Callable[[], dict], compile_first: bool = False) -> dict:
+    """A program's step without its optimizer, in float64 from the same start (PyTorch64's parameters and buffers, made
+    by ``make_before``), for JAX's own float32 error up to the gradients. ``compile_first`` (a jitted ``function``):
+    compiled before its start is made, from the shapes of a start made and let go first, so that XLA's compilation
+    does not run beside the start's float64 parameters (GPT-2's: 1 GB)."""
+    with jax.enable_x64(True):
+        inputs, targets = floats_in((run.jax_inputs, run.jax_targets), jnp.float64)
+        if compile_first:
+            before = make_before()
+            shapes = jax.eval_shape(lambda: before)
+            del before
+            with apis.nested_outputs():  # traced as collected runs it: layers inside the port's own scans leave
+                function = function.lower(shapes, inputs, targets, None).compile()
+            trim()
+        before = make_before()
+        return collected(run, lambda: function(before, inputs, targets, None))
+
+
+
+def float64_update(optimizer):
+    """The port's optimizer step in float64 fed the float32 program's own gradients, from the same parameters and
+    optimizer state, ``(params, grads, opt_state) -> {"params": ...}``: the update stage's float64 twin. Fed the
+    float64 twin's gradients instead, Adam would turn a gradient that is zero but for rounding (a key bias under
+    softmax: 1e-19 in float64, 1e-9 in float32) into steps of different size, and a wrong update of 1% there would
+    read as rounding. Compiled once per check; the float32 parameters, gradients and state are widened inside the
+    compiled step, where XLA fuses the conversions into the update (no float64 copy of them is held: 2 GB on a model
+    of 124M parameters)."""
+    import optax
+
+    @jax.jit
+    def step(params, grads, opt_state):  # widened inside: no float64 copy of the parameters and gradients is kept
+        params, grads, opt_state = floats_in((params, grads, opt_state), jnp.float64)
+        if opt_state is None:
+            opt_state = optimizer.init(params)
+        updates, _ = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates)
+
+    def update(params, grads, opt_state) -> dict:
+        with jax.enable_x64(True):
+            return {"params": jax.device_get(step(params, grads, opt_state))}
+
+    return update
+
+
+
+@contextlib.contextmanager
+def bias_corrections_exact():
+    """While in effect, optax's Adam-family bias corrections 1 − βᵗ are computed as PyTorch has them, exactly and then
+    rounded once to the moments' dtype (−expm1(t · log β), log β in Python's float64), not as float32's 1 − β^t."""
+    import math
+
+    import optax
+
+    original = optax.tree.bias_correction
+
+    def exact(moment, decay, count):
+        log_decay = math.log(decay) if isinstance(decay, (int, float)) else jnp.log(decay)
+        correction = -jnp.expm1(jnp.asarray(count, jnp.float32) * log_decay)
+        return jax.tree_util.tree_map(lambda t: t / correction.astype(t.dtype), moment)
+
+    optax.tree.bias_correction = exact
+    try:
+        yield
+    finally:
+        optax.tree.bias_correction = original
+
+
+
+def update_with_exact_bias_corrections(optimizer):
+    """``(params, grads, opt_state) -> {"params": ...}``: the port's optimizer step, its bias corrections exact
+    (:func:`bias_corrections_exact`), in the check's dtype."""
+    import optax
+
+    def update(params, grads, opt_state):
+        with bias_corrections_exact():
+            state = optimizer.init(params) if opt_state is None else opt_state
+            updates, _ = optimizer.update(grads, state, params)
+            return {"params": jax.device_get(optax.apply_updates(params, updates))}
+
+    return update
+
+
+
+def floats_in(tree, width):
+    """``tree`` with its floating-point leaves in ``width`` (the rest as they are)."""
+    return jax.tree_util.tree_map(
+        lambda a: jnp.asarray(a, width) if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
+
+
+
+def collected(run: Run, call) -> dict:
+    """A program's outcome fetched from the device, with the outputs of the layers the port runs inside its own
+    transformations (which leave through callbacks while it runs) assembled into its per-layer outputs."""
+    with apis.nested_outputs() as nested:
+        outcome = jax.device_get(call())
+    if nested:
+        expected = {path: run.layer_shapes[name] for name, path in run.layer_paths.items() if name in run.layer_shapes}
+        found = apis.assemble_nested(nested, expected)
+        outcome["layers"] = {**found, **outcome["layers"]}
+    return outcome
+
+
+
+def start_of_step(run: Run, width, own: dict | None, state: dict | None = None) -> dict:
+    """The variables a step of the port starts from: PyTorch64's parameters (in ``width``; read from the reference,
+    or from ``state``, its state_dict as the step started), and the port's own state after its previous step (``own``;
+    on the first step, the statistics PyTorch starts from and the port's initial state)."""
+    start = variables_from_torch(run.sides["ref"][0] if state is None else state, run.pairings, run.adapter.variables,
+                                 width)
+    if own is None:
+        return {**start, "carry": run.adapter.carry}
+    return {**start, "batch_stats": floats_in(own["batch_stats"], width), "carry": floats_in(own["carry"], width)}
+
+
+
+def first_narrow(outcome: dict, run: Run) -> tuple[str, str] | None:
+    """(where, dtype) of the first floating-point value of the float64 twin's outcome that is not float64 (its layers
+    in PyTorch's order, its output, its gradients), or None."""
+    places = [(name or "(model)", outcome["layers"].get(path)) for name, path in run.layer_paths.items()]
+    places += [("its output", outcome["output"]), ("its gradients", outcome.get("grads"))]
+    for where, value in places:
+        for leaf in jax.tree_util.tree_leaves(value):
+            kind = np.dtype(getattr(leaf, "dtype", np.float64))
+            if np.issubdtype(kind, np.floating) and kind != np.float64:
+                return where, str(kind)
+    return None
+
+
+
+def unshared(tree, beside=None):
+    """``tree`` with each array that it holds twice copied at its later places (an optimizer's init may give its first
+    and second moments one zeros array), and each that ``beside`` holds (the parameters an init may keep as they are):
+    each leaf a buffer of its own, which a donated argument needs."""
+    seen = {id(leaf) for leaf in jax.tree_util.tree_leaves(beside)}
+
+    def own(leaf):
+        if id(leaf) in seen:
+            return jnp.array(leaf, copy=True)
+        seen.add(id(leaf))
+        return leaf
+
+    return jax.tree_util.tree_map(own, tree)
+
+
+
+class CompiledStep:
+    """The compiled step as check_port runs it: ``(variables, inputs, targets, opt_state) -> outcome``, with the
+    variables' parameters (made for the step from PyTorch's, read by nothing after it) donated where an optimizer
+    steps them: the new parameters are written into their buffers. The optimizer's state of a first step is made after
+    the program is compiled (XLA's compilation of GPT-2's float64 step holds most of a gigabyte while it runs, not
+    beside Adam's two moments) and donated too, the new state written into its buffers. Donation changes where outputs
+    are written, not what is computed: the reports are the same number for number. The step returns its new state at
+    the last step too (nothing reads it): a program without that output is fused otherwise, and its update rounds
+    otherwise (Adam's steps on near-zero gradients moved by up to 1e-3 of their size in the example ports). Each
+    variant is compiled once per check."""
+
+    def __init__(self, step, optimizer):
+        def apart(params, rest, inputs, targets, opt_state):
+            return step({**rest, "params": params}, inputs, targets, opt_state)
+
+        params = (0,) if optimizer is not None else ()  # without an optimizer no new parameters come out to take them
+        self.jitted = {fresh: jax.jit(apart, donate_argnums=params + ((4,) if fresh else ())) for fresh in (False, True)}
+        self.compiled = {}
+
+    def with_state(self, make_state: Callable | None):
+        """The step's function; ``make_state``: the optimizer's state made for this step (else the state is given)."""
+
+        def call(variables, inputs, targets, opt_state):
+            params = variables["params"]
+            rest = {key: value for key, value in variables.items() if key != "params"}
+            fresh = make_state is not None
+            if fresh not in self.compiled:
+                state_shapes = jax.eval_shape(make_state) if fresh else opt_state
+                self.compiled[fresh] = self.jitted[fresh].lower(params, rest, inputs, targets, state_shapes).compile()
+            if fresh:
+                opt_state = unshared(make_state(), beside=params)
+            trim()  # what the start's conversion and the compilation freed, handed back before the program's buffers
+            return self.compiled[fresh](params, rest, inputs, targets, opt_state)
+
+        return call
+
+
+
+@contextlib.contextmanager
+def fast_variance_off():
+    """While in effect, Flax's BatchNorm, LayerNorm and GroupNorm (Linen and NNX) compute the variance as PyTorch does,
+    the mean subtracted first (``use_fast_variance=False``), whatever the port built them with: the counterfactual
+    that verifies the cause before the report names it."""
+    patched = []
+    for name in ("flax.linen.normalization", "flax.nnx.nn.normalization"):
+        module = sys.modules.get(name)
+        if module is None or not hasattr(module, "_compute_stats"):
+            continue
+        original = module._compute_stats
+
+        def exact(*args, _original=original, **kwargs):
+            kwargs["use_fast_variance"] = False
+            return _original(*args, **kwargs)
+
+        module._compute_stats = exact
+        patched.append((module, original))
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module._compute_stats = original

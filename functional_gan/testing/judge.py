@@ -308,3 +308,14 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     return Row(stage, name, error, noise, allowed, scale, float(port[where]) if port.size else math.nan,
                float(reference[where]) if reference.size else math.nan, jax_noise=jax_noise, twin_error=twin_error,
                dtype=dtype, port_noise=port_noise, island_noise=island_noise)
+
+
+FLOAT32_TO_64 = float(np.finfo(np.float64).eps / np.finfo(np.float32).eps)  # 2⁻²⁹: rounding scales with the unit roundoff
+
+
+
+EPS64 = float(np.finfo(np.float64).eps)
+
+
+
+ISLAND_FLOOR = float(np.finfo(np.float32).eps)  # the least PyTorch noise of a row a float32 island reaches (2⁻²³)

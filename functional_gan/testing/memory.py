@@ -14,6 +14,8 @@ import resource
 import sys
 import time
 
+import numpy as np
+
 
 def _status() -> tuple[float | None, float]:
     """(resident now, peak so far), in bytes."""
@@ -33,7 +35,7 @@ def _libc():
         return None
 
 
-_LIBC = _libc()
+LIBC = _libc()
 
 
 def release() -> None:
@@ -47,7 +49,7 @@ def trim() -> None:
     """The C heap's free memory handed back to the system where glibc can (``malloc_trim``): arrays freed by one phase
     otherwise stay resident in malloc's arenas (XLA's threads have their own), while the next phase's large
     allocations (XLA's buffers, a big tensor) are mapped afresh beside them."""
-    function = getattr(_LIBC, "malloc_trim", None)
+    function = getattr(LIBC, "malloc_trim", None)
     if function is not None:
         function(0)
 
@@ -268,3 +270,38 @@ def estimate_before_building(torch_model, dtype: str) -> SizeEstimate | None:
         return estimate(model, dtype)
     except Exception:
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPolicy:
+    """How a check holds its memory, decided in one place (the check's phases ask it, they do not decide): the size
+    beyond which a check is not started, the sizes beyond which PyTorch64's reference is parked on disk while the port
+    runs and its gradients computed again rather than held, and JAX's per-operation programs bounded and let go after
+    a program runs op by op. ``check_by_block`` checks each block with the default policy."""
+
+    limit: float | None = None  # bytes: a check estimated beyond it (:func:`estimate`) is not started
+    # bytes of PyTorch64's reference model (and its optimizer's state) beyond which it is parked on disk while the port
+    # runs (:func:`.torch_side.reference_parked`)
+    parked_above: int = 256 << 20
+    recomputed_above: int = 256 << 20  # bytes of PyTorch64's gradients computed again at the last step, not held
+
+    def recomputes(self, gradients: dict) -> bool:
+        """Whether PyTorch64's ``gradients`` are let go while the port runs, and computed again when compared."""
+        return sum(np.asarray(g).nbytes for g in gradients.values()) > self.recomputed_above
+
+    @staticmethod
+    def programs_held(program: str):
+        """While ``program`` runs: op by op, at most a bounded number of JAX's per-operation programs held
+        (:func:`op_programs_bounded`); compiled, nothing to bound."""
+        return op_programs_bounded() if program == "eager" else contextlib.nullcontext()
+
+    @staticmethod
+    def let_go_of_programs(program: str) -> None:
+        """After a program run op by op, JAX's caches of the programs it compiled for each operation (about 0.75 GB
+        for a ResNet-50's step, kept until the process ends) are let go: the next program compiles its own. The
+        compiled step then compiles again at the next step, a few seconds, for a peak a gigabyte lower on such a
+        model."""
+        if program == "eager":
+            import jax
+
+            jax.clear_caches()

@@ -239,9 +239,18 @@ def transfer(model: torch.nn.Module, variables: dict, param_map: dict[str, str] 
     same path where it has one (PyTorch's ``model.layers.0.mlp`` with ``model/layers/0/mlp``), else by definition order
     and shape.
 
-    ``variables``: ``{"params": ..., "batch_stats": ...}`` nested by module path; ``param_map``: {PyTorch module
-    name: the port's module path "A/B"} for modules the order does not pair; ``kinds``: each path's module class
-    where the layout depends on it (Equinox's ConvTranspose). Raises SpecError naming what could not be paired.
+    Args:
+        model: the PyTorch model.
+        variables: the port's ``{"params": ..., "batch_stats": ...}``, nested by module path (arrays or shapes).
+        param_map: {PyTorch module name: the port's module path ``"A/B"``} for modules the order does not pair.
+        kinds: each path's module class where the layout depends on it (Equinox's ConvTranspose).
+
+    Returns:
+        One :class:`Pairing` per PyTorch tensor: the port's leaf, and the layout change between them.
+
+    Raises:
+        SpecError: a tensor that pairs with no leaf (or with several), or a malformed ``param_map``; the message names
+            them and the shapes on both sides.
     """
     check_param_map(param_map)
     params = _flax_modules(dict(variables.get("params", {})))

@@ -33,8 +33,11 @@ LISTED = 20  # divergences and precision findings listed by name in the summary 
 NEAR_ZERO = 0.01  # PyTorch's own error above this fraction of a quantity's scale: the quantity is rounding itself
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Report:
+    """A check's outcome, built once when the check ends (:func:`.check.check_port`); its verdict is
+    :attr:`outcome` (a :class:`~.judge.Verdict`), its exit status :meth:`exit_status`."""
+
     spec: str
     dtype: str
     k: float

@@ -9,17 +9,23 @@ import mmap
 import re
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
+import jax
 import numpy as np
 import torch
 
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .memory import _LIBC, trim
-from .pairing import Pairing
+from .judge import EPS64, FLOAT32_TO_64, ISLAND_FLOOR, Measured, relative_error
+from .memory import LIBC, trim
+from .pairing import Pairing, torch_in_flax_layout
 from .spec import Spec, call_loss, select_output
 from .taps import ModuleStack, TorchTaps, as_array
+
+if TYPE_CHECKING:
+    from .run import Run
 
 
 def make_torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
@@ -387,7 +393,7 @@ def _buffer(address: int, size: int):
 
 def _madvise():
     """The C library's ``madvise`` (Linux), or None."""
-    function = getattr(_LIBC, "madvise", None) if sys.platform.startswith("linux") else None
+    function = getattr(LIBC, "madvise", None) if sys.platform.startswith("linux") else None
     if function is not None:
         function.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
         function.restype = ctypes.c_int
@@ -397,3 +403,234 @@ def _madvise():
 _PAGE = mmap.PAGESIZE
 _MADV_DONTNEED = 4  # Linux's value (asm-generic/mman-common.h)
 _MADVISE = _madvise()
+
+
+def side_dtype(side: str) -> torch.dtype:
+    """A PyTorch side's dtype by its name: "ref" and "t64…" float64, "t32…" float32."""
+    return torch.float32 if side.startswith("t32") else torch.float64
+
+
+
+def one_ulp(tensor: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    """``tensor`` in float64 with each element moved by one ulp (relative eps), up or down at random."""
+    wide = tensor.to(torch.float64)
+    return wide * (1 + torch.from_numpy(rng.choice([-1.0, 1.0], size=tuple(wide.shape))) * float(np.finfo(np.float64).eps))
+
+
+
+def ulp_signs(shape: tuple, rng: np.random.Generator) -> np.ndarray:
+    """The directions :func:`one_ulp` draws for an array of ``shape`` (the same draws from the same ``rng``), kept as
+    int8: an eighth of the memory of the moved array, which :class:`Moved` makes when it is read."""
+    return rng.choice(np.array([-1, 1], np.int8), size=tuple(shape))
+
+
+
+def moved_by(value, signs: np.ndarray) -> torch.Tensor:
+    """``value`` in float64 moved by one ulp in the directions ``signs``: :func:`one_ulp`'s arithmetic, number for
+    number (the factor 1 ± eps made in place, then one product)."""
+    factor = signs.astype(np.float64)
+    factor *= float(np.finfo(np.float64).eps)
+    factor += 1
+    if torch.is_tensor(value):
+        return value.to(torch.float64) * torch.from_numpy(factor)
+    return torch.from_numpy(np.asarray(value, np.float64) * factor)  # IEEE products: the same numbers as torch's
+
+
+
+class Moved:
+    """An array moved by one ulp when it is read (``np.asarray``), from its directions drawn beforehand: an optimizer
+    fed moved gradients holds one moved array at a time, not a moved copy of every gradient (1 GB for 124M parameters
+    in float64)."""
+
+    def __init__(self, value, signs: np.ndarray):
+        self.value, self.signs = value, signs
+        self.shape = np.shape(value)
+
+    def __getitem__(self, index):  # a stacked leaf's slice: the slice moved (an elementwise product)
+        return Moved(np.asarray(self.value)[index], self.signs[index])
+
+    def __array__(self, dtype=None, copy=None):
+        moved = moved_by(self.value, self.signs).numpy()
+        return moved if dtype is None else moved.astype(dtype)
+
+
+
+class MovedState(dict):
+    """A state_dict whose floating-point tensors are moved by one ulp as :func:`.torch_side.load_into` reads each."""
+
+    def __init__(self, state: dict, signs: dict):
+        super().__init__(state)
+        self.signs = signs
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        return moved_by(value, self.signs[key]) if key in self.signs else value
+
+
+
+def recomputed_gradients(run: Run) -> dict:
+    """PyTorch64's gradients of the last step computed again, as the reference computed them (the same start, inputs
+    and random state: the same bits), in the port's layout: held while they are compared, not while the port runs."""
+    model = run.sides["ref"][0]
+    with torch.random.fork_rng(devices=[]):
+        torch.random.set_rng_state(run.reference_rng)
+        run_torch_step(run.spec, model, None, run.inputs, run.targets, torch.float64, {})
+    return torch_in_flax_layout(model, run.pairings, "grad", release=True)
+
+
+
+def pytorch_step(run: Run, last: bool) -> tuple[dict, dict]:
+    """Every PyTorch side runs one step from PyTorch64's state; returns what the reference saw (``"ref"``), the other
+    runs' largest errors against it (``"noise"``: PyTorch's own error in the dtype, quantity by quantity, each run
+    compared as soon as it is done and let go), and that starting state. The reference's optimizer steps (its
+    parameters start the next step) unless this is the ``last`` step."""
+    start = run.sides["ref"][0]  # teacher forcing: every side starts the step from PyTorch64's parameters and buffers
+    # a copy of what the reference's step changes: its buffers (running statistics), and its parameters where its
+    # optimizer steps; at the last step the parameters are read as they are (a model of 124M parameters: 1 GB in float64)
+    fixed = {name for name, _ in start.named_parameters(remove_duplicate=False)} if last else set()
+    params_state = {k: v.detach() if k in fixed else v.detach().clone() for k, v in start.state_dict().items()}
+    moves = np.random.default_rng(len(run.pairings))
+    stats = [p for p in run.pairings if p.collection == "batch_stats"]
+
+    def inputs_of(name):
+        if name != "t64-moved":
+            return run.inputs
+        return tuple(one_ulp(torch.from_numpy(np.array(x)), moves).numpy() if np.asarray(x).dtype.kind == "f" else x
+                     for x in run.inputs)
+
+    noise = {"layers": {}, "grads": {}, "after": {}, "input_grads": {}, "output": Measured(0.0), "loss": Measured(0.0)}
+
+    def error_of(name, value, reference) -> Measured:  # a float32 run in a float64 check: scaled to float64's roundoff
+        error = relative_error(value, reference)
+        if name == "t64-wide" and float(error) > 1e3 * EPS64:
+            # A row a float32 island reaches carries float32 rounding: of the island's results, which the run without
+            # its casts measures, and of constants the model made in float32 before the check widened it (transformers'
+            # rotary frequencies, a float32 buffer at init), which that run cannot widen back. Such a row's PyTorch
+            # noise is at least one float32 ulp of its scale (the rotary tables of a float64 Llama: 1.35e-7 of their
+            # scale from a port that computes them in float64, against 4.3e-8 measured without the casts).
+            error = max(error, Measured(ISLAND_FLOOR))
+        return Measured(error * FLOAT32_TO_64) if name == "t32-scaled" else error
+
+    def step_of(name, model, opt):
+        islands = mode = None
+        if name == "ref" and run.torch_islands is None:  # PyTorch64's own islands, found at its first step
+            islands = mode = Islands(model, torch.float64)
+        elif name == "t64-wide":
+            mode = Islands(model, torch.float64, widen=True)
+        elif name == "t64-blocked":
+            mode = BlockedSums()
+        sink = None
+        if name != "ref":  # each layer's output measured against the reference's as it comes, not kept
+            def sink(layer, value):
+                noise["layers"][layer] = max(noise["layers"].get(layer, Measured(0.0)),
+                                             error_of(name, value, ref["layers"][layer]))
+        seen = run_torch_step(run.spec, model, opt, inputs_of(name), run.targets, side_dtype(name), run.layer_paths,
+                           run.permutations.get(name), layout=name == "t64-layout", sink=sink, mode=mode)
+        if name == "ref":  # a tapped function's rows (TAPS), paired with the port's values in order
+            run.layer_paths.update(seen.pop("tap_paths", {}))
+        if name == "ref" and run.torch_islands is None:
+            run.torch_islands = islands.found
+            if islands.found and run.make_working is not None:
+                # the island's own error: PyTorch64 with its casts removed beside it, in every row's PyTorch noise
+                run.sides["t64-wide"] = (run.make_working(torch.float64), None)
+                for where, narrow in island_pattern(islands.found).items():
+                    run.notes.add(f"PyTorch computes {where} in {narrow} inside its float64 model (a cast there): those "
+                                  f"rows and what follows are judged against that island's own error (PyTorch64 with "
+                                  f"its casts removed, beside it)")
+        seen["grads"] = torch_in_flax_layout(model, run.pairings, "grad", release=True)
+        seen["after"] = torch_in_flax_layout(model, stats)  # the buffers (the parameters' updates are judged fed)
+        return seen
+
+    ref_model, ref_optimizer = run.sides["ref"]
+    run.reference_rng = torch.random.get_rng_state()  # for recomputed_gradients
+    ref = step_of("ref", ref_model, None if last else ref_optimizer)
+    for name, (model, _) in run.sides.items():
+        if name == "ref":
+            continue
+        # copied into the parameters as they are laid out, each converted to the run's dtype as it is copied
+        state = params_state
+        if name == "t64-moved":
+            state = {k: one_ulp(v, moves) if v.is_floating_point() else v for k, v in params_state.items()}
+        load_into(model, state)
+        del state
+        seen = step_of(name, model, None)  # no optimizer step: its parameters after it are not compared
+        model.zero_grad(set_to_none=True)
+        for quantity in ("output", "loss"):
+            if quantity in seen:
+                noise[quantity] = max(noise[quantity], error_of(name, seen[quantity], ref[quantity]))
+        for quantity in ("grads", "after", "input_grads"):
+            for key, value in seen.get(quantity, {}).items():
+                noise[quantity][key] = max(noise[quantity].get(key, Measured(0.0)),
+                                           error_of(name, value, ref[quantity][key]))
+        del seen
+    return {"ref": ref, "noise": noise}, params_state
+
+
+
+def fed_optimizer(run: Run, program: str, name: str):
+    """``program``'s PyTorch optimizer ``name`` ("ref": float64; "t32"/"t64": PyTorch's own error) and the working
+    model of its dtype it steps, built the first time it is asked for. A working model that no run has yet is built
+    afresh (its values do not matter: each fed update loads its start into it), PyTorch's random state kept as it was."""
+    if run.shadows[program][name] is None:
+        dtype = torch.float64 if name == "ref" else side_dtype(name)
+        if run.working.get(dtype) is None:
+            with torch.random.fork_rng(devices=[]):
+                run.working[dtype] = make_torch_side(run.spec, dtype, None)[0]
+        model = run.working[dtype]
+        run.shadows[program][name] = (model, run.spec.torch_optimizer(model.parameters()))
+    return run.shadows[program][name]
+
+
+
+def fed_updates(run: Run, program: str, start: dict, grads, last: bool, in_place: bool = False) -> dict:
+    """PyTorch's optimizers fed ``program``'s gradients: float64, the reference (``"ref"``, its parameters read from its
+    model as the rows ask for them); float32 (or float64 fed gradients and parameters moved by one ulp), PyTorch's own
+    error, measured against it at once (``"noise"``). The optimizers' states are kept for the next step, let go after
+    the ``last``. ``in_place``: the reference's optimizer steps PyTorch64's reference model itself, whose parameters
+    are ``start`` and are read by nothing after it (the last program of a check of one step), after the other run: no
+    working model holds the start a second time, and the reference's values need no copy (1 GB each for 124M
+    parameters in float64)."""
+    names = [name for name in run.shadows[program] if not (in_place and name == "ref")]
+    shadows = {name: fed_optimizer(run, program, name) for name in names}
+    if in_place:
+        model = run.sides["ref"][0]
+        shadows["ref"] = (model, run.spec.torch_optimizer(model.parameters()))
+    moves = np.random.default_rng(len(run.pairings) + 1)
+
+    def own_update(name, model, opt):
+        if name == "t64":
+            # the start's and the gradients' one-ulp moves drawn as they always were (in this order), each applied as
+            # the optimizer reads that tensor
+            start_signs = {k: ulp_signs(v.shape, moves) for k, v in start.items() if v.is_floating_point()}
+            grad_signs = jax.tree_util.tree_map(lambda g: ulp_signs(np.shape(g), moves), grads)
+            moved = jax.tree_util.tree_map(Moved, grads, grad_signs)
+            return fed_update(model, opt, MovedState(start, start_signs), run.pairings, moved, last)
+        return fed_update(model, opt, start, run.pairings, grads, last)
+
+    others = [(name, model, opt) for name, (model, opt) in shadows.items() if name in ("t64", "t32")]
+    if in_place:  # the other run first: the reference's step overwrites the start
+        owns = [own_update(*other) for other in others]
+        ref = fed_update(*shadows["ref"], start, run.pairings, grads, last)
+    else:
+        ref = fed_update(*shadows["ref"], start, run.pairings, grads, last)
+        if any(model is shadows["ref"][0] for _, model, _ in others):
+            ref = dict(ref)  # float64: the other run steps the same working model; the reference's values copied first
+        owns = (own_update(*other) for other in others)  # one at a time
+    fed = {"ref": ref}
+    for own in owns:
+        fed["noise"] = {key: relative_error(own[key], ref[key]) for key in own}
+        del own
+    return fed
+
+
+def reference_parked(run: Run):
+    """While a program of the port runs, PyTorch64's reference model, and its optimizer's state, parked on disk
+    (:class:`Parked`) where they are over the memory policy's ``parked_above`` bytes (GPT-2 124M's: 1 GB in float64):
+    nothing reads them until the program's outcome is compared. Every start of the program is made before, from
+    them."""
+    model, optimizer = run.sides["ref"]
+    tensors = [*model.parameters(), *model.buffers()]
+    if optimizer is not None:
+        tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    parked = Parked(tensors)
+    return parked if parked.nbytes > run.memory.parked_above else contextlib.nullcontext()
