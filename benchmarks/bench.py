@@ -16,10 +16,12 @@ alike; median, min and max over the repeats; compile time measured apart; PyTorc
 threads as XLA's CPU client uses; float32 with TF32 off on both sides on GPUs. FLOPs follow
 ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add, convolutions and matmuls) for
 the tutorial's own iteration, for both frameworks; XLA's cost analysis of the JAX step is
-reported beside it (it skips padding and counts the work JAX actually does). The fraction of
-peak is against the faster of a 2048² float32 matmul in each framework, measured at the start and
-the end of the same run (the better of the two): a measured reference, not the hardware's limit,
-so a well-shaped convolution can exceed it.
+reported beside it (it skips padding and counts the work JAX actually does). A convolution's pass
+counts the multiply-adds its mathematics needs (padding's zeros not counted), the same for both
+frameworks whatever form each computes it in. The fraction of peak is against the machine's measured
+peak: the best rate of float32 GEMMs of several shapes (square, and the tall, narrow ones convolutions
+lower to) in either framework, at the start and the end of the same run; the CPU's theoretical FMA
+throughput is printed beside it.
 """
 
 from __future__ import annotations

@@ -60,6 +60,33 @@ def header_lines(ctx: Context) -> list[str]:
     ]
 
 
+def peak_lines(ctx: Context, records: list[Record]) -> list[str]:
+    """The machine's measured peak (the best GEMM of the run, either framework), the CPU's theoretical one beside it,
+    and each framework's DCGAN step as a fraction of the measured peak."""
+    from functional_gan.benchmarks.timing import theoretical_peak
+
+    if not ctx.peak:
+        return []
+    best = max(ctx.peak, key=ctx.peak.get)
+    theoretical, how = theoretical_peak() if ctx.backend == "cpu" else (None, "not reckoned off a CPU")
+    lines = [f"Measured peak: {ctx.peak[best] / 1e9:.0f} GFLOP/s ({best}, {ctx.peak_at[best]}; the best of "
+             f"{len([r for r in records if r.workload.startswith('matmul')]) // 2} GEMM timings per framework); "
+             f"the other framework's best {min(ctx.peak.values()) / 1e9:.0f} GFLOP/s"]
+    if theoretical:
+        lines.append(f"Theoretical float32 peak of the CPU: {how}; measured/theoretical "
+                     f"{ctx.peak[best] / theoretical:.0%}")
+    for batch in sorted({r.batch for r in records if r.workload == "dcgan_step"}):
+        steps = [r for r in records if r.workload == "dcgan_step" and r.batch == batch and r.fraction_of_peak]
+        if steps:
+            lines.append(f"DCGAN step, batch {batch}, fraction of the measured peak: " + ", ".join(
+                f"{r.framework} {r.fraction_of_peak:.0%}" for r in steps))
+    over = [r for r in records if r.fraction_of_peak and r.fraction_of_peak > 1.0]
+    if over:
+        lines.append(f"Above the measured peak ({len(over)} rows): " + "; ".join(
+            f"{r.workload} {r.framework} {r.fraction_of_peak:.0%}" for r in over[:5]))
+    return lines
+
+
 def save_scaling_plot(records: list[Record], path: Path) -> Path:
     """Step time against batch, log-log, per framework, with the linear-cost line through JAX's batch-64 point."""
     import matplotlib
@@ -112,6 +139,7 @@ def to_markdown(ctx: Context, records: list[Record], plot: Path | None, command:
         "\n".join(f"- {line}" for line in header_lines(ctx)) + "\n",
         "## Results\n",
         format_table(main, markdown=True) + "\n",
+        "\n".join(f"- {line}" for line in peak_lines(ctx, records)) + "\n",
     ]
     for name, heading in SECTIONS.items():
         rows = [r for r in records if section(r) == name]

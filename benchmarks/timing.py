@@ -95,7 +95,8 @@ class Context:
             "cpu": _cpu_name(), "threads": self.threads, "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "transposed_conv_form": _transposed_conv_form(), "batchnorm_form": _batchnorm_form(), "tf32": tf32,
         }
-        self.peak = {}
+        self.peak = {}  # per framework, its best GEMM rate in FLOP/s (matmul_peak)
+        self.peak_at = {}  # per framework, the GEMM that gave it
 
     def record(self, workload, framework, batch, times=None, compile_s=None, flops=None, xla_flops=None,
                peak_memory_bytes=None, note="") -> Record:
@@ -110,10 +111,35 @@ class Context:
         )
 
     def set_fractions_of_peak(self, records: list[Record]) -> None:
-        """Achieved FLOP/s over the best matmul rate of the run (measured at its start and its end)."""
+        """Achieved FLOP/s over the machine's measured peak: the best rate of the run's GEMMs, of every shape in
+        either framework, at its start and its end (:func:`.workloads.matmul_peak`)."""
         peak = max(self.peak.values())
         for r in records:
             r.fraction_of_peak = r.flops_per_s / peak if r.flops_per_s else None
+
+
+def theoretical_peak() -> tuple[float | None, str]:
+    """The CPU's float32 FMA throughput from its description (Linux's /proc/cpuinfo): cores × clock × vector lanes ×
+    2 FMA units × 2 FLOPs, in FLOP/s, and how it was reckoned; (None, why) where it cannot be read. The clock is the
+    one the kernel reports (a virtual machine's nominal one; turbo may run above it), and 2 FMA units per core is
+    an assumption (server cores with AVX-512 have two; some have one)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None, "no /proc/cpuinfo"
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    fields = [dict(line.split(":", 1) for line in b.splitlines() if ":" in line) for b in blocks]
+    fields = [{k.strip(): v.strip() for k, v in f.items()} for f in fields]
+    if not fields or "cpu MHz" not in fields[0]:
+        return None, "no clock in /proc/cpuinfo"
+    flags = set(fields[0].get("flags", "").split())
+    lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags and "fma" in flags else 4
+    cores = len({(f.get("physical id"), f.get("core id")) for f in fields}) or len(fields)
+    ghz = float(fields[0]["cpu MHz"]) / 1e3
+    peak = cores * ghz * 1e9 * lanes * 2 * 2
+    vector = {16: "AVX-512", 8: "AVX2"}.get(lanes, "SSE")
+    return peak, (f"{cores} cores × {ghz:.2f} GHz × {lanes} float32 lanes ({vector}) × 2 FMA units × 2 FLOPs = "
+                  f"{peak / 1e9:.0f} GFLOP/s (2 FMA units per core assumed; the clock as the kernel reports it)")
 
 
 def _cpu_name() -> str:

@@ -29,25 +29,60 @@ from functional_gan.benchmarks.timing import (
 from functional_gan.config import TrainConfig
 
 
-def matmul_peak(ctx: Context, when: str, n: int = 2048) -> list[Record]:
-    """A large float32 matmul in each framework: the practical ceiling of the machine."""
+# The GEMM shapes whose best rate, in either framework, is the run's measured peak: square products of two sizes, and
+# the tall, narrow ones a convolution lowers to (many positions × few channels). A single 2048² product is not the
+# fastest GEMM every CPU runs (on a 2-core Intel Xeon, PyTorch's 128→256 convolution ran at 119% of it).
+PEAK_SHAPES = ((1024, 1024, 1024), (2048, 2048, 2048), (16384, 1024, 256), (16384, 256, 1024), (4096, 2048, 512))
+
+
+def matmul_peak(ctx: Context, when: str, shapes=PEAK_SHAPES) -> list[Record]:
+    """float32 matrix products of several shapes in each framework: the practical ceiling of the machine, the best
+    rate any of them reaches (each shape's own row in the table)."""
     import torch
 
-    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
-    jax_matmul = jax.jit(lambda x: x @ x)
-    jax_matmul(a).block_until_ready()
-    t = torch.tensor(np.asarray(a), device=ctx.torch_device)
+    records = []
+    rng = np.random.default_rng(0)
+    for m, k, n in shapes:
+        a = jnp.asarray(rng.normal(size=(m, k)), jnp.float32)
+        b = jnp.asarray(rng.normal(size=(k, n)), jnp.float32)
+        jax_matmul = jax.jit(lambda x, y: x @ y)
+        jax_matmul(a, b).block_until_ready()
+        ta = torch.tensor(np.asarray(a), device=ctx.torch_device)
+        tb = torch.tensor(np.asarray(b), device=ctx.torch_device)
 
-    def torch_matmul():
-        t @ t
-        torch_sync(ctx.torch_device)
+        def torch_matmul(ta=ta, tb=tb):
+            ta @ tb
+            torch_sync(ctx.torch_device)
 
-    times = interleaved_times({"jax": blocking(lambda: jax_matmul(a)), "torch": torch_matmul}, max(ctx.repeats, 5))
-    flops = 2.0 * n**3
-    for name, ts in times.items():  # the run's best: a machine that slows down for a while does not lower it
-        ctx.peak[name] = max(ctx.peak.get(name, 0.0), flops / statistics.median(ts))
-    return [ctx.record(f"matmul_2048 ({when})", "jax_jit", n, times["jax"], flops=flops),
-            ctx.record(f"matmul_2048 ({when})", "torch_eager", n, times["torch"], flops=flops)]
+        times = interleaved_times({"jax": blocking(lambda a=a, b=b, f=jax_matmul: f(a, b)), "torch": torch_matmul},
+                                  max(ctx.repeats, 5))
+        flops = 2.0 * m * k * n
+        label = f"matmul {m}×{k}·{k}×{n} ({when})"
+        for name, ts in times.items():  # the run's best: a machine that slows down for a while does not lower it
+            rate = flops / statistics.median(ts)
+            if rate > ctx.peak.get(name, 0.0):
+                ctx.peak[name], ctx.peak_at[name] = rate, label
+        records += [ctx.record(label, "jax_jit", m, times["jax"], flops=flops),
+                    ctx.record(label, "torch_eager", m, times["torch"], flops=flops)]
+    return records
+
+
+def conv_taps(size: int, kernel: int, stride: int, padding: int, transposed: bool) -> int:
+    """Along one axis, the (output position, kernel tap) pairs that read a real input value (not padding): the
+    multiply-adds the mathematics needs, per input and output channel. A convolution's and its transpose's are the
+    same pairs (``size`` being the convolution's input, or the transposed convolution's output)."""
+    if transposed:  # the transposed convolution of an input of ``size`` is the adjoint of a convolution of its output
+        size = (size - 1) * stride - 2 * padding + kernel
+    out = (size + 2 * padding - kernel) // stride + 1
+    return sum(1 for o in range(out) for t in range(kernel) if 0 <= o * stride + t - padding < size)
+
+
+def conv_flops(batch: int, cin: int, cout: int, size: int, kernel: int, stride: int, padding: int,
+               transposed: bool) -> float:
+    """FLOPs of one pass of the convolution (the forward, its input gradient or its kernel gradient: the same
+    multiply-adds), 2 per multiply-add, padding's zeros not counted: the same number for both frameworks whatever
+    form each computes it in."""
+    return 2.0 * batch * cin * cout * conv_taps(size, kernel, stride, padding, transposed) ** 2
 
 
 def dcgan_step(ctx: Context, config: TrainConfig, batch: int, scan_steps: int, workload: str = "dcgan_step") -> list[Record]:
@@ -303,7 +338,11 @@ def network_layers(config: TrainConfig) -> tuple[list[ConvLayer], list[GlueLayer
 
 def _conv_case(rng, batch, transposed, cin, cout, size, stride, padding):
     """One convolution of the step at ``batch``: NCHW input and PyTorch-layout kernel (NumPy), this project's op,
-    the JAX arrays (NHWC), the output's shape and an all-ones output cotangent."""
+    the JAX arrays (NHWC), the output's shape and a random output cotangent (NHWC), passed to each program as an
+    argument: a constant cotangent is folded into the compiled program (an all-ones one made D's 64→128 input
+    gradient 73 ms where the same pass of a cotangent given took 24 ms, two runs of one script on a 2-core Intel
+    Xeon), and a pass measured so is not the pass a
+    training step runs."""
     from functional_gan import layers as jax_layers
 
     x = rng.normal(size=(batch, cin, size, size)).astype(np.float32)
@@ -311,7 +350,7 @@ def _conv_case(rng, batch, transposed, cin, cout, size, stride, padding):
     op = jax_layers.conv_transpose2d if transposed else jax_layers.conv2d
     x_j, w_j = jnp.asarray(x.transpose(0, 2, 3, 1)), jnp.asarray(w)
     y = jax.eval_shape(lambda a, b: op(a, b, stride, padding), x_j, w_j)
-    return x, w, op, x_j, w_j, y, jnp.ones(y.shape, y.dtype)
+    return x, w, op, x_j, w_j, y, jnp.asarray(rng.normal(size=y.shape), y.dtype)
 
 
 def layers(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
@@ -323,19 +362,20 @@ def layers(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
     for name, transposed, cin, cout, size, stride, padding in network_layers(config)[0]:
         x, w, op, x_j, w_j, y, cot = _conv_case(rng, batch, transposed, cin, cout, size, stride, padding)
         start = time.perf_counter()
-        fwd_bwd = jax.jit(lambda a, b: jax.vjp(lambda a_, b_: op(a_, b_, stride, padding), a, b)[1](cot)).lower(x_j, w_j).compile()
+        fwd_bwd = jax.jit(lambda a, b, g: jax.vjp(lambda a_, b_: op(a_, b_, stride, padding), a, b)[1](g)).lower(
+            x_j, w_j, cot).compile()
         compile_s = time.perf_counter() - start
         torch_op = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
         x_t = torch.tensor(x, requires_grad=True, device=ctx.torch_device)
         w_t = torch.tensor(w, requires_grad=True, device=ctx.torch_device)
-        cot_t = torch.ones(tuple(np.asarray(y.shape)[[0, 3, 1, 2]]), device=ctx.torch_device)
+        cot_t = torch.tensor(np.asarray(cot).transpose(0, 3, 1, 2).copy(), device=ctx.torch_device)
 
         def torch_fwd_bwd():
             torch.autograd.grad(torch_op(x_t, w_t, stride=stride, padding=padding), (x_t, w_t), cot_t)
             torch_sync(ctx.torch_device)
 
-        times = interleaved_times({"jax": blocking(lambda: fwd_bwd(x_j, w_j)), "torch": torch_fwd_bwd}, ctx.repeats)
-        flops = 3.0 * 2 * batch * cin * cout * 16 * (size * size if transposed else y.shape[1] * y.shape[2])
+        times = interleaved_times({"jax": blocking(lambda: fwd_bwd(x_j, w_j, cot)), "torch": torch_fwd_bwd}, ctx.repeats)
+        flops = 3.0 * conv_flops(batch, cin, cout, size, 4, stride, padding, transposed)
         records.append(ctx.record(f"layer: {name}", "jax_jit", batch, times["jax"], compile_s, flops,
                                   xla_flops(fwd_bwd), note="forward + input and kernel gradients"))
         records.append(ctx.record(f"layer: {name}", "torch_eager", batch, times["torch"], None, flops))
@@ -367,13 +407,13 @@ def passes(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
     for name, transposed, cin, cout, size, stride, padding in network_layers(config)[0]:
         x, w, op, x_j, w_j, y, cot = _conv_case(rng, batch, transposed, cin, cout, size, stride, padding)
         jax_passes = {
-            "forward": jax.jit(lambda a, b: op(a, b, stride, padding)),
-            "input gradient": jax.jit(lambda a, b: jax.vjp(lambda a_: op(a_, b, stride, padding), a)[1](cot)[0]),
-            "kernel gradient": jax.jit(lambda a, b: jax.vjp(lambda b_: op(a, b_, stride, padding), b)[1](cot)[0]),
+            "forward": jax.jit(lambda a, b, g: op(a, b, stride, padding)),
+            "input gradient": jax.jit(lambda a, b, g: jax.vjp(lambda a_: op(a_, b, stride, padding), a)[1](g)[0]),
+            "kernel gradient": jax.jit(lambda a, b, g: jax.vjp(lambda b_: op(a, b_, stride, padding), b)[1](g)[0]),
         }
         torch_op = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
         x_t, w_t = torch.tensor(x, device=ctx.torch_device), torch.tensor(w, device=ctx.torch_device)
-        cot_t = torch.ones(tuple(np.asarray(y.shape)[[0, 3, 1, 2]]), device=ctx.torch_device)
+        cot_t = torch.tensor(np.asarray(cot).transpose(0, 3, 1, 2).copy(), device=ctx.torch_device)
 
         def torch_forward():
             with torch.no_grad():
@@ -385,12 +425,13 @@ def passes(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
             "input gradient": lambda m=_torch_conv_pass(ctx, transposed, stride, padding, [True, False, False]): m(cot_t, x_t, w_t),
             "kernel gradient": lambda m=_torch_conv_pass(ctx, transposed, stride, padding, [False, True, False]): m(cot_t, x_t, w_t),
         }
-        flops = 2.0 * batch * cin * cout * 16 * (size * size if transposed else y.shape[1] * y.shape[2])
+        flops = conv_flops(batch, cin, cout, size, 4, stride, padding, transposed)
         for which, jitted in jax_passes.items():
             start = time.perf_counter()
-            compiled = jitted.lower(x_j, w_j).compile()
+            compiled = jitted.lower(x_j, w_j, cot).compile()
             compile_s = time.perf_counter() - start
-            times = interleaved_times({"jax": blocking(lambda c=compiled: c(x_j, w_j)), "torch": torch_passes[which]}, ctx.repeats)
+            times = interleaved_times({"jax": blocking(lambda c=compiled: c(x_j, w_j, cot)), "torch": torch_passes[which]},
+                                      ctx.repeats)
             workload = f"pass: {name} · {which}"
             records.append(ctx.record(workload, "jax_jit", batch, times["jax"], compile_s, flops, xla_flops(compiled)))
             records.append(ctx.record(workload, "torch_eager", batch, times["torch"], None, flops))
@@ -419,30 +460,33 @@ def glue(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
             y, updates = module.apply({"params": params, "batch_stats": stats}, x_, mutable=["batch_stats"])
             return act(y), updates
 
-        def fwd_bwd(params, x_, forward=forward):
+        def fwd_bwd(params, x_, cot_, forward=forward):  # the cotangent an argument: a constant one is folded in
             out, pullback, updates = jax.vjp(forward, params, x_, has_aux=True)
-            return pullback(jnp.ones_like(out)), updates
+            return pullback(cot_), updates
 
+        cot = jnp.asarray(rng.normal(size=x_j.shape), jnp.float32)
         start = time.perf_counter()
-        compiled = jax.jit(fwd_bwd).lower(variables["params"], x_j).compile()
+        compiled = jax.jit(fwd_bwd).lower(variables["params"], x_j, cot).compile()
         compile_s = time.perf_counter() - start
         with _batchnorm_form("reductions"):  # the previous form, for the A/B in the same run (a function of its
             # own: jit would reuse fwd_bwd's trace, made in the other form)
-            before = jax.jit(lambda p, a, f=fwd_bwd: f(p, a)).lower(variables["params"], x_j).compile()
+            before = jax.jit(lambda p, a, g, f=fwd_bwd: f(p, a, g)).lower(variables["params"], x_j, cot).compile()
         x_t = torch.tensor(x, requires_grad=True, device=ctx.torch_device)
         w_t = torch.tensor(np.asarray(variables["params"]["weight"]), requires_grad=True, device=ctx.torch_device)
         b_t = torch.zeros(channels, requires_grad=True, device=ctx.torch_device)
         running_mean, running_var = torch.zeros(channels, device=ctx.torch_device), torch.ones(channels, device=ctx.torch_device)
         torch_act = F.relu if activation == "relu" else (lambda v: F.leaky_relu(v, 0.2))
+        cot_t = torch.tensor(np.asarray(cot).transpose(0, 3, 1, 2).copy(), device=ctx.torch_device)
 
         def torch_fwd_bwd():
             y = torch_act(F.batch_norm(x_t, running_mean, running_var, w_t, b_t, training=True, momentum=0.1, eps=1e-5))
-            torch.autograd.grad(y, (x_t, w_t, b_t), torch.ones_like(y))
+            torch.autograd.grad(y, (x_t, w_t, b_t), cot_t)
             torch_sync(ctx.torch_device)
 
         params = variables["params"]
-        times = interleaved_times({"jax": blocking(lambda c=compiled, p=params, a=x_j: c(p, a)),
-                                   "before": blocking(lambda c=before, p=params, a=x_j: c(p, a)), "torch": torch_fwd_bwd},
+        times = interleaved_times({"jax": blocking(lambda c=compiled, p=params, a=x_j, g=cot: c(p, a, g)),
+                                   "before": blocking(lambda c=before, p=params, a=x_j, g=cot: c(p, a, g)),
+                                   "torch": torch_fwd_bwd},
                                   ctx.repeats)
         workload = f"glue: {name}"
         records.append(ctx.record(workload, "jax_jit", batch, times["jax"], compile_s,

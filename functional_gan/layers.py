@@ -47,6 +47,20 @@ def _form(variable: str, forms: tuple[str, str]) -> str:
     return form
 
 
+# Which form a strided convolution takes whose kernel the stride divides (D's 4×4 stride-2 layers):
+# "space_to_depth" (the padded input's s×s blocks moved into channels: a stride-1 convolution with a (k/s)×(k/s)
+# kernel and s²·C input channels, whose input gradient is a stride-1 transposed convolution with no dilation and
+# whose kernel gradient is a stride-1 weight gradient) or "direct" (the strided convolution as it is). See
+# _space_to_depth_conv2d.
+STRIDED_CONV_FORM_ENV = "FUNCTIONAL_GAN_STRIDED_CONV"
+STRIDED_CONV_FORMS = ("direct", "space_to_depth")
+
+
+def strided_conv_form() -> str:
+    """The strided convolution's form: ``$FUNCTIONAL_GAN_STRIDED_CONV``, else the default for this backend."""
+    return _form(STRIDED_CONV_FORM_ENV, STRIDED_CONV_FORMS)
+
+
 def transposed_conv_form() -> str:
     """``"subpixel"`` on CPU, ``"dilated"`` elsewhere, unless ``$FUNCTIONAL_GAN_TRANSPOSED_CONV`` says otherwise."""
     return _form(TRANSPOSED_CONV_FORM_ENV, TRANSPOSED_CONV_FORMS)
@@ -69,14 +83,18 @@ def _torch_conv_weight_to_hwio(weight_OIHW: jax.Array) -> jax.Array:
 # Convolutions are per sample, so a split forward is exact; weight gradients become sums over
 # chunks (a different summation order, float rounding only).
 CPU_CONV_CHUNK_BYTES = 8 * 2**20
+# The kernel gradients' own budget (a convolution's or a transposed convolution's, summed over the chunks).
+CPU_CONV_GRADIENT_CHUNK_BYTES = 8 * 2**20
 
 
-def _batch_chunks(batch: int, bytes_per_sample: int) -> int:
-    """How many equal chunks to split a batch into on CPU (1 elsewhere, or when it fits)."""
+def _batch_chunks(batch: int, bytes_per_sample: int, budget: int | None = None) -> int:
+    """How many equal chunks to split a batch into on CPU (1 elsewhere, or when it fits ``budget``, by default
+    CPU_CONV_CHUNK_BYTES)."""
     if jax.default_backend() != "cpu":
         return 1
+    budget = CPU_CONV_CHUNK_BYTES if budget is None else budget
     chunks = 1
-    while batch % (2 * chunks) == 0 and (batch // chunks) * bytes_per_sample > CPU_CONV_CHUNK_BYTES:
+    while batch % (2 * chunks) == 0 and (batch // chunks) * bytes_per_sample > budget:
         chunks *= 2
     return chunks
 
@@ -144,6 +162,44 @@ def _im2col_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding):
     return jnp.transpose(grad.reshape(kh, kw, i, o), (3, 2, 0, 1))
 
 
+def _space_to_depth_fits(x_NHWC, weight_OIHW, stride: int, padding: int) -> bool:
+    """Whether the strided convolution has a space-to-depth form: the stride divides the kernel and the padded
+    input (a 4×4 stride-2 padding-1 convolution of an even-sized image)."""
+    kh, kw = weight_OIHW.shape[2:]
+    h, w = x_NHWC.shape[1] + 2 * padding, x_NHWC.shape[2] + 2 * padding
+    return stride > 1 and kh % stride == 0 and kw % stride == 0 and h % stride == 0 and w % stride == 0
+
+
+def _space_to_depth(x_NHWC, s: int):
+    """(N, H, W, C) → (N, H/s, W/s, s·s·C): each s×s block of positions moved into the channels, ordered (row in the
+    block, column in the block, channel)."""
+    n, h, w, c = x_NHWC.shape
+    x = x_NHWC.reshape(n, h // s, s, w // s, s, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(n, h // s, w // s, s * s * c)
+
+
+def _space_to_depth_kernel(weight_OIHW, s: int):
+    """PyTorch's (out, in, k, k) kernel as the HWIO kernel of the space-to-depth form: (k/s, k/s, s·s·in, out), its
+    input channels ordered as :func:`_space_to_depth` orders them (tap (s·a + p, s·b + q) at block (a, b), (p, q))."""
+    o, i, kh, kw = weight_OIHW.shape
+    w = weight_OIHW.reshape(o, i, kh // s, s, kw // s, s).transpose(2, 4, 3, 5, 1, 0)
+    return w.reshape(kh // s, kw // s, s * s * i, o)
+
+
+def _space_to_depth_conv2d(x_NHWC, weight_OIHW, stride, padding):
+    """The strided convolution as a stride-1 one: ``y[i, j] = Σ x_pad[s·i + u, s·j + v] · w[u, v]`` with
+    ``u = s·a + p`` reads ``x_pad``'s block (i + a, j + b) at offset (p, q): a 1-strided (k/s)×(k/s) convolution of the
+    space-to-depth input. The same products, summed in another order. Its derivatives, which JAX takes, are stride-1
+    convolutions: no input dilation (XLA:CPU's slow path) and no strided kernel gradient."""
+    x = jnp.pad(x_NHWC, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+    return lax.conv_general_dilated(_space_to_depth(x, stride), _space_to_depth_kernel(weight_OIHW, stride),
+                                    window_strides=(1, 1), padding="VALID", dimension_numbers=_NHWC_HWIO)
+
+
+def _use_space_to_depth(x_NHWC, weight_OIHW, stride: int, padding: int) -> bool:
+    return strided_conv_form() == "space_to_depth" and _space_to_depth_fits(x_NHWC, weight_OIHW, stride, padding)
+
+
 def _whole_batch_conv2d(x_NHWC, weight_OIHW, stride, padding):
     return lax.conv_general_dilated(
         x_NHWC,
@@ -159,8 +215,9 @@ def _lax_conv2d(x_NHWC, weight_OIHW, stride, padding):
         return _im2col_conv2d(x_NHWC, weight_OIHW, stride, padding)
     out_h = _conv_output_size(x_NHWC.shape[1], weight_OIHW.shape[2], stride, padding)
     out_w = _conv_output_size(x_NHWC.shape[2], weight_OIHW.shape[3], stride, padding)
+    conv = _space_to_depth_conv2d if _use_space_to_depth(x_NHWC, weight_OIHW, stride, padding) else _whole_batch_conv2d
     return _map_batch(
-        lambda x: _whole_batch_conv2d(x, weight_OIHW, stride, padding),
+        lambda x: conv(x, weight_OIHW, stride, padding),
         x_NHWC,
         out_h * out_w * weight_OIHW.shape[0] * x_NHWC.dtype.itemsize,
     )
@@ -172,11 +229,13 @@ def _conv2d_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding):
     if _use_im2col(x_NHWC, weight_OIHW, stride, padding):
         return _im2col_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding)
 
+    conv = _space_to_depth_conv2d if _use_space_to_depth(x_NHWC, weight_OIHW, stride, padding) else _whole_batch_conv2d
+
     def gradient(x, dy):  # one chunk: the split is decided here, not again inside
-        _, kernel_vjp = jax.vjp(lambda w: _whole_batch_conv2d(x, w, stride, padding), weight_OIHW)
+        _, kernel_vjp = jax.vjp(lambda w: conv(x, w, stride, padding), weight_OIHW)
         return kernel_vjp(dy)[0]
 
-    chunks = _batch_chunks(x_NHWC.shape[0], _per_sample_bytes(x_NHWC, dy_NHWC))
+    chunks = _batch_chunks(x_NHWC.shape[0], _per_sample_bytes(x_NHWC, dy_NHWC), CPU_CONV_GRADIENT_CHUNK_BYTES)
     if chunks == 1:
         return gradient(x_NHWC, dy_NHWC)
     parts = [gradient(x, dy) for x, dy in zip(jnp.split(x_NHWC, chunks), jnp.split(dy_NHWC, chunks))]
@@ -298,10 +357,24 @@ def _conv2d_fwd(x_NHWC, weight_OIHW, stride, padding):
 
 def _conv2d_bwd(stride, padding, residuals, dy_NHWC):
     x_NHWC, weight_OIHW = residuals
+    if _use_space_to_depth(x_NHWC, weight_OIHW, stride, padding):  # a stride-1 transposed convolution, chunked
+        dx_NHWC = _space_to_depth_input_gradient(x_NHWC, weight_OIHW, dy_NHWC, stride, padding)
+        return dx_NHWC, _conv2d_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding)
     # Conv2d's (out, in, kH, kW) weight read as a ConvTranspose2d weight (in'=out, out'=in) maps
     # the output channels back to the input channels: the input gradient is that transposed conv.
     dx_NHWC = _conv_transpose2d(dy_NHWC, weight_OIHW, stride, padding, x_NHWC.shape[1:3])
     return dx_NHWC, _conv2d_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding)
+
+
+def _space_to_depth_input_gradient(x_NHWC, weight_OIHW, dy_NHWC, stride, padding):
+    """The input gradient of the space-to-depth form, chunk by chunk along the batch: JAX's transpose of a stride-1
+    convolution (a stride-1 transposed convolution), moved back from depth to space and the padding cropped."""
+    def gradient(dy):  # the convolution is linear in its input: its transpose is the input gradient
+        shape = jax.ShapeDtypeStruct((dy.shape[0], *x_NHWC.shape[1:]), x_NHWC.dtype)
+        transposed = jax.linear_transpose(lambda x: _space_to_depth_conv2d(x, weight_OIHW, stride, padding), shape)
+        return transposed(dy)[0]
+
+    return _map_batch(gradient, dy_NHWC, _per_sample_bytes(x_NHWC))
 
 
 conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)

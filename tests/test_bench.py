@@ -188,3 +188,30 @@ def test_the_training_run_beside_pytorch_prints_both_frameworks_metrics(capsys):
     # The same weights and batches: the first iterations agree to float32's rounding (D(x) and D(G(z)) of both)
     np.testing.assert_allclose(values[0, 4], values[0, 5], rtol=1e-3)
     assert "mean loss_d over the last 2 iterations: PyTorch" in out
+
+
+@pytest.mark.parametrize("size, stride, padding, transposed", [
+    (64, 2, 1, False), (8, 2, 1, False), (4, 1, 0, False), (1, 1, 0, True), (4, 2, 1, True), (32, 2, 1, True)])
+def test_a_convolutions_flops_count_the_taps_that_read_real_input(size, stride, padding, transposed):
+    """The multiply-adds a convolution's mathematics needs, per axis: PyTorch's convolution of ones by ones sums, at
+    each output, the taps that land on the input (padding's zeros add nothing); a transposed convolution's are its
+    adjoint's, the convolution of its output."""
+    import torch
+
+    from functional_gan.benchmarks.workloads import conv_flops, conv_taps
+
+    length = (size - 1) * stride - 2 * padding + 4 if transposed else size
+    ones = torch.nn.functional.conv1d(torch.ones(1, 1, length, dtype=torch.float64),
+                                      torch.ones(1, 1, 4, dtype=torch.float64), stride=stride, padding=padding)
+    assert conv_taps(size, 4, stride, padding, transposed) == int(ones.sum())
+    assert conv_flops(2, 3, 5, size, 4, stride, padding, transposed) == 2 * 2 * 3 * 5 * int(ones.sum()) ** 2
+
+
+def test_the_theoretical_peak_is_read_off_the_cpus_description():
+    from functional_gan.benchmarks.timing import theoretical_peak
+
+    peak, how = theoretical_peak()
+    if peak is None:  # not Linux: said why
+        assert how
+    else:
+        assert peak > 1e9 and "GFLOP/s" in how and "FMA" in how

@@ -67,6 +67,8 @@ def run_bench(args) -> int:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
     ctx, records = bench.run(plan)
     print(report.format_table([r for r in records if report.section(r) == "main"]))
+    for line in report.peak_lines(ctx, records):
+        print(line)
     for name, heading in report.SECTIONS.items():
         rows = [r for r in records if report.section(r) == name]
         if rows:
