@@ -195,16 +195,48 @@ def test_batch_chunking_on_cpu_gives_the_unchunked_values(monkeypatch):
         cot = jnp.asarray(rng.normal(size=(8, 4, 4, 6)))
         whole = jax.vjp(lambda a, b: conv2d(a, b, 2, 1), x, w)
         monkeypatch.setattr(layers, "CPU_CONV_CHUNK_BYTES", 1)  # every batch of 8 is split into 8 chunks
-        assert layers._batch_chunks(8, 100) == 8
+        monkeypatch.setattr(layers, "CPU_CONV_GRADIENT_CHUNK_BYTES", 1)  # and so are the kernel gradients'
+        assert layers._batch_chunks(8, 100) == 8 and layers._batch_chunks(8, 100, layers.CPU_CONV_GRADIENT_CHUNK_BYTES) == 8
         chunked = jax.vjp(lambda a, b: conv2d(a, b, 2, 1), x, w)
         np.testing.assert_allclose(chunked[0], whole[0], rtol=0, atol=0)  # per-sample: exact
         for a, b in zip(chunked[1](cot), whole[1](cot)):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)  # weight gradient: a sum in another order
         transposed_grads = jax.vjp(lambda a, b: conv_transpose2d(a, b, 2, 1), cot, w)[1](x)  # uses both split paths
     monkeypatch.setattr(layers, "CPU_CONV_CHUNK_BYTES", 2**40)  # no split
+    monkeypatch.setattr(layers, "CPU_CONV_GRADIENT_CHUNK_BYTES", 2**40)
     with jax.enable_x64(True):
         for a, b in zip(transposed_grads, jax.vjp(lambda a, b: conv_transpose2d(a, b, 2, 1), cot, w)[1](x)):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", [(2, 3, 8, 16, 1), (3, 8, 6, 8, 3), (2, 4, 4, 4, 1)])
+def test_the_space_to_depth_form_matches_torch_in_float64(case, monkeypatch):
+    """The strided convolution as a stride-1 convolution of its input's 2×2 blocks moved into the channels (the
+    opt-in form FUNCTIONAL_GAN_STRIDED_CONV=space_to_depth): the output, both gradients and a second derivative
+    equal PyTorch's conv2d (stride 2, padding 1, 4×4 kernel) and the direct form's, to float64 rounding."""
+    batch, cin, cout, size, chunk_bytes = case
+    monkeypatch.setenv(layers.STRIDED_CONV_FORM_ENV, "space_to_depth")
+    monkeypatch.setattr(layers, "CPU_CONV_CHUNK_BYTES", chunk_bytes)  # split along the batch too where 1
+    rng = np.random.default_rng(11)
+    x, w = rng.normal(size=(batch, cin, size, size)), rng.normal(size=(cout, cin, 4, 4))
+    x_t, w_t = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y_t = torch.nn.functional.conv2d(x_t, w_t, stride=2, padding=1)
+    g = rng.normal(size=tuple(y_t.shape))
+    dx_t, dw_t = torch.autograd.grad(y_t, (x_t, w_t), torch.tensor(g))
+    with jax.enable_x64(True):
+        x_j, w_j, g_j = jnp.asarray(x.transpose(0, 2, 3, 1)), jnp.asarray(w), jnp.asarray(g.transpose(0, 2, 3, 1))
+        assert layers._use_space_to_depth(x_j, w_j, 2, 1)
+        y, pullback = jax.vjp(lambda a, b: conv2d(a, b, 2, 1), x_j, w_j)
+        dx, dw = pullback(g_j)
+        scale = max(1.0, float(np.abs(y_t.detach().numpy()).max()))
+        np.testing.assert_allclose(np.asarray(y).transpose(0, 3, 1, 2), y_t.detach().numpy(), rtol=0, atol=1e-13 * scale)
+        np.testing.assert_allclose(np.asarray(dx).transpose(0, 3, 1, 2), dx_t.numpy(), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(dw), dw_t.numpy(), rtol=0, atol=1e-12)
+        second = jax.grad(lambda b: jnp.sum(jax.grad(lambda a: jnp.sum(conv2d(a, b, 2, 1) ** 2))(x_j) ** 2))(w_j)
+        monkeypatch.setenv(layers.STRIDED_CONV_FORM_ENV, "direct")
+        assert not layers._use_space_to_depth(x_j, w_j, 2, 1)
+        direct = jax.grad(lambda b: jnp.sum(jax.grad(lambda a: jnp.sum(conv2d(a, b, 2, 1) ** 2))(x_j) ** 2))(w_j)
+        np.testing.assert_allclose(second, direct, rtol=1e-10, atol=1e-10)
 
 
 def test_custom_vjp_equals_autodiff_of_the_dilated_convolution():

@@ -28,7 +28,7 @@ def add_bench(subparsers) -> None:
     p.add_argument("--no-layers", action="store_true", help="leave the per-layer, per-pass and BatchNorm timings out")
     p.add_argument("--json", metavar="FILE", help="write one record per workload × framework × batch")
     p.add_argument("--markdown", metavar="FILE", help="write the tables, the method and the machine as Markdown")
-    p.add_argument("--plot", metavar="FILE", help="scaling plot (PNG; default: beside --markdown or --json)")
+    p.add_argument("--plot", metavar="FILE", help="scaling plot (PNG; default: beside --markdown or --json, named after it: REPORT-scaling.png)")
     p.add_argument("--check-port", nargs="?", const="all", metavar="SPEC",
                    help="instead of the frameworks' timings: check-port's wall time and peak memory on the example "
                    "ports of a clone (examples/port: ResNet-50, GPT-2 124M in float32 and float64, whole and block by "
@@ -76,7 +76,9 @@ def run_bench(args) -> int:
             print(report.format_table(rows))
     plot = None
     if len({r.batch for r in records if r.workload == "dcgan_step"}) > 1:
-        target = args.plot or (str(Path(args.markdown or args.json).with_name("scaling.png")) if (args.markdown or args.json) else None)
+        # beside the report, named after it: a second run's report does not overwrite the first's plot
+        report_path = Path(args.markdown or args.json) if (args.markdown or args.json) else None
+        target = args.plot or (str(report_path.with_name(f"{report_path.stem}-scaling.png")) if report_path else None)
         if target:
             plot = report.save_scaling_plot(records, Path(target))
             print(f"Wrote {plot}")
