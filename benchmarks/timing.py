@@ -139,7 +139,8 @@ def theoretical_peak() -> tuple[float | None, str]:
     peak = cores * ghz * 1e9 * lanes * 2 * 2
     vector = {16: "AVX-512", 8: "AVX2"}.get(lanes, "SSE")
     return peak, (f"{cores} cores × {ghz:.2f} GHz × {lanes} float32 lanes ({vector}) × 2 FMA units × 2 FLOPs = "
-                  f"{peak / 1e9:.0f} GFLOP/s (2 FMA units per core assumed; the clock as the kernel reports it)")
+                  f"{peak / 1e9:.0f} GFLOP/s (2 FMA units per core assumed; the clock the kernel reports, a base clock the "
+                  "cores may run above: a measured peak can exceed this figure)")
 
 
 def _cpu_name() -> str:
