@@ -58,8 +58,8 @@ def api_page() -> str:
     parts.append("## Check your own port\n")
     parts.extend(f"::: functional_gan.testing.{where}\n" for where in (  # the defining modules: the package's names load lazily
         "spec.Spec", "spec.load_spec", "check.check_port", "asserting.assert_port", "report.Report", "apis.tap",
-        "convert.convert", "convert.load_converted", "blocks.check_by_block", "blocks.BlockReport"))
-    parts.extend(f"::: comparisons.judge.{name}\n" for name in ("compare", "Row"))
+        "convert.convert", "convert.load_converted", "blocks.check_by_block", "blocks.BlockReport",
+        "memory.MemoryPolicy", "judge.Verdict", "judge.compare", "judge.Row"))
     return "\n".join(parts)
 
 

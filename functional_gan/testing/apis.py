@@ -40,7 +40,7 @@ _TAP_COUNTS: list[dict] = []  # per capture under way: how many values each of a
 _NESTED: list[dict] = []  # where layer outputs from inside the port's own transformations arrive (innermost last)
 
 
-def tap(name: str, value):
+def tap(name: str, value: Any) -> Any:
     """Record ``value`` as the output of the port's layer ``name`` while check-port captures per-layer outputs (a
     plain-function port's layers, which no module marks).
 
@@ -49,8 +49,8 @@ def tap(name: str, value):
         value: the layer's output (any array, traced or not).
 
     Returns:
-        ``value`` unchanged, so that a plain function can say ``x = tap("fc1", x @ w + b)``; outside a check, it only
-        returns it.
+        ``value`` unchanged, so that a plain function can say ``x = tap("fc1", x @ w + b)``; outside a check, it
+            only returns it.
     """
     if _TAPS:
         _TAPS[-1].setdefault(tuple(str(name).split("/")), value)

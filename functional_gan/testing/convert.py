@@ -30,11 +30,15 @@ import os
 import platform
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from functional_gan.errors import UserError
+
+if TYPE_CHECKING:
+    from .report import Report
+    from .spec import Spec
 
 MANIFEST = "converted.json"
 WEIGHTS = "weights"  # the folder (orbax) or file stem the weights are written to
@@ -188,8 +192,8 @@ def write_converted(out: str | os.PathLike, api: str, exported, record: dict, ov
     return out
 
 
-def convert(spec, weights: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False, k: float | None = None,
-            allow_precision: bool = False):
+def convert(spec: Spec, weights: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False,
+            k: float | None = None, allow_precision: bool = False) -> tuple[Report, Path | None]:
     """Convert ``weights`` for ``spec``'s port, after checking the port with them (see the module's docstring).
 
     Args:
@@ -202,8 +206,8 @@ def convert(spec, weights: str | os.PathLike, out: str | os.PathLike, overwrite:
         allow_precision: write where the check finds precision findings alone.
 
     Returns:
-        ``(report, folder)``: the check's :class:`.report.Report`, and the folder written, or None where the port does
-        not agree (nothing written).
+        ``(report, folder)``: the check's :class:`.report.Report`, and the folder written, or None where the port
+            does not agree (nothing written).
 
     Raises:
         SpecError: as :func:`.check.check_port`'s.
@@ -257,7 +261,7 @@ def record_of(report, spec, weights: str | os.PathLike | None) -> dict:
     }
 
 
-def load_converted(folder: str | os.PathLike, template: Any = None, verify: bool = True):
+def load_converted(folder: str | os.PathLike, template: Any = None, verify: bool = True) -> Any:
     """The weights :func:`convert` wrote, read back without PyTorch.
 
     Args:
@@ -268,8 +272,9 @@ def load_converted(folder: str | os.PathLike, template: Any = None, verify: bool
         verify: check every file's SHA-256 against ``converted.json`` first.
 
     Returns:
-        Flax Linen: the variables dict, for ``model.apply(variables, x)``; NNX: ``template`` with the converted state;
-        Equinox: the same structure as ``template``, filled; plain functions: ``{"params": ..., "state": ...}``.
+        The weights in the port's own form: for Flax Linen the variables dict, for ``model.apply(variables, x)``;
+            for NNX ``template`` with the converted state; for Equinox the same structure as ``template``, filled;
+            for plain functions ``{"params": ..., "state": ...}``.
 
     Raises:
         ConvertError: no ``converted.json`` there (or a damaged one), a file missing or changed since it was written,
