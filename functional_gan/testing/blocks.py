@@ -92,6 +92,7 @@ class BlockReport:
         return None
 
     def verdict(self) -> str:
+        """The closing line(s): agreement of every part, or the first failing part's own verdict, named."""
         failing = self.first_failing
         if failing is None:
             total = sum(len(report.rows) for _, report in self._all())
@@ -101,6 +102,15 @@ class BlockReport:
         return ("Outside the blocks: " if name == OUTSIDE else f"Block {name}: ") + report.verdict()
 
     def format(self, markdown: bool = False) -> str:
+        """The block-by-block report: a row per block (and the rest of the model), then the first failing part's
+        report in full.
+
+        Args:
+            markdown: the text in a Markdown code block.
+
+        Returns:
+            The report, as ``check-port --by-block`` prints it.
+        """
         status = self.exit_status()
         lines = [f"check-port {self.spec}, block by block: {outcome_words(self.outcome, self.allow_precision)} "
                  f"(exit status {status}); {len(self.blocks)} "
@@ -138,6 +148,8 @@ class BlockReport:
         return f"```text\n{text}\n```\n" if markdown else text
 
     def to_json(self) -> dict:
+        """The block-by-block report as JSON-ready data: the exit status, each block's :meth:`.report.Report.to_json`
+        with its name, the rest of the model's (or why it was not compared), the parameters in no block, the peak."""
         return {"spec": self.spec, "by_block": True, "dtype": self.dtype, "k": self.k,
                 "exit_status": self.exit_status(), "not_in_blocks": self.outside,
                 "blocks": [{"block": name, **report.to_json()} for name, report in self.blocks],

@@ -248,6 +248,14 @@ class Report:
         return lines
 
     def to_json(self) -> dict:
+        """The report as JSON-ready data (``check-port --json``).
+
+        Returns:
+            A dict: the spec, dtype, k, the outcome (``passed``, ``exit_status``, ``only_in``), the build, the
+                pairing (``transfer``), every row of both programs with its verdict's flags and its ratio to
+                PyTorch's noise, the first divergence, the rows not compared, the precision findings' count and
+                causes, the notes.
+        """
         def rows(which):
             return [{**dataclasses.asdict(r), "passed": r.passed, "precision": r.precision, "finding": r.finding,
                      "note": r.note, "not_compared": r.not_compared, "diverged": r.diverged,
@@ -270,6 +278,7 @@ class Report:
                                                                        "ratio": start.ratio}}}
 
     def criterion(self) -> str:
+        """The criterion the rows were judged by, in this check's dtype, as one line of the report."""
         if self.dtype == "float32":
             return (f"|JAX − PyTorch64| ≤ {self.k:g} × max(|PyTorch32 − PyTorch64|, {ULPS} ulps), relative to each "
                     "tensor's scale (PyTorch32: also with the batch in two other orders). Beyond it, a precision finding "
@@ -286,6 +295,15 @@ class Report:
         return f"|JAX − PyTorch64| ≤ {FLOAT64_TOLERANCE:g} of each tensor's scale"
 
     def format(self, markdown: bool = False) -> str:
+        """The whole report as text: the summary, the port and its coverage, the notes, the weight transfer, the
+        criterion, every row, the verdict and the verdicts' rule.
+
+        Args:
+            markdown: a Markdown page (a heading, the text in a code block) instead of plain text.
+
+        Returns:
+            The report, as ``check-port`` prints it.
+        """
         lines = [f"# check-port: {self.spec} ({self.dtype})", ""] if markdown else []
         lines += self.summary()
         lines += ["", f"Port: {self.api}; JAX program checked: {program_words(self.programs)}; {self.build}",
