@@ -28,15 +28,14 @@ STEP_BUDGETS = {"8/8": (8 << 20, 8 << 20), "whole/2": (1 << 40, 2 << 20), "8/2":
                 "whole/8": (1 << 40, 8 << 20)}
 
 
-def _case(rng, batch, transposed, cin, cout, size, stride, padding):
+def _case(ctx, rng, batch, transposed, cin, cout, size, stride, padding):
+    """The bench's own case (:func:`.workloads._conv_case`: the cotangent an argument) as (JAX arguments, the three JAX
+    passes as functions of them, PyTorch's three passes as the bench times them)."""
     import torch
 
-    x = rng.normal(size=(batch, cin, size, size)).astype(np.float32)
-    w = (0.02 * rng.normal(size=(cin, cout, 4, 4) if transposed else (cout, cin, 4, 4))).astype(np.float32)
-    op = layers.conv_transpose2d if transposed else layers.conv2d
-    x_j, w_j = jnp.asarray(x.transpose(0, 2, 3, 1)), jnp.asarray(w)
-    y = jax.eval_shape(lambda a, b: op(a, b, stride, padding), x_j, w_j)
-    cot = jnp.asarray(rng.normal(size=y.shape), jnp.float32)
+    from functional_gan.benchmarks.workloads import _conv_case, _torch_conv_pass
+
+    x, w, op, x_j, w_j, _, cot = _conv_case(rng, batch, transposed, cin, cout, size, stride, padding)
     x_t, w_t = torch.tensor(x), torch.tensor(w)
     cot_t = torch.tensor(np.asarray(cot).transpose(0, 3, 1, 2).copy())
     function = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
@@ -46,8 +45,8 @@ def _case(rng, batch, transposed, cin, cout, size, stride, padding):
             function(x_t, w_t, stride=stride, padding=padding)
 
     def torch_backward(mask):
-        return lambda: torch.ops.aten.convolution_backward(cot_t, x_t, w_t, None, [stride] * 2, [padding] * 2, [1, 1],
-                                                           transposed, [0, 0], 1, mask)
+        run = _torch_conv_pass(ctx, transposed, stride, padding, mask)
+        return lambda: run(cot_t, x_t, w_t)
 
     torch_passes = {"forward": torch_forward, "input gradient": torch_backward([True, False, False]),
                     "kernel gradient": torch_backward([False, True, False])}
@@ -66,9 +65,11 @@ def _timed(label: str, variants: dict, torch_fn, repeats: int) -> None:
 
 def forms(batch: int, repeats: int) -> None:
     """D's strided convolutions, pass by pass: the direct form against the space-to-depth form."""
-    rng = np.random.default_rng(0)
+    from functional_gan.benchmarks.timing import Context
+
+    ctx, rng = Context(repeats, with_torch_compile=False), np.random.default_rng(0)
     for cin, cout, size in ((3, 64, 64), (64, 128, 32), (128, 256, 16), (256, 512, 8)):
-        args, jax_passes, torch_passes = _case(rng, batch, False, cin, cout, size, 2, 1)
+        args, jax_passes, torch_passes = _case(ctx, rng, batch, False, cin, cout, size, 2, 1)
         for which, fn in jax_passes.items():
             variants = {}
             for form in layers.STRIDED_CONV_FORMS:
@@ -81,13 +82,14 @@ def forms(batch: int, repeats: int) -> None:
 
 def budgets(batch: int, repeats: int) -> None:
     """Every convolution of the step: forward and kernel gradient under each chunk budget."""
+    from functional_gan.benchmarks.timing import Context
     from functional_gan.benchmarks.workloads import network_layers
     from functional_gan.config import TUTORIAL
 
-    rng = np.random.default_rng(0)
+    ctx, rng = Context(repeats, with_torch_compile=False), np.random.default_rng(0)
     saved = layers.CPU_CONV_CHUNK_BYTES, layers.CPU_CONV_GRADIENT_CHUNK_BYTES
     for name, transposed, cin, cout, size, stride, padding in network_layers(TUTORIAL)[0]:
-        args, jax_passes, torch_passes = _case(rng, batch, transposed, cin, cout, size, stride, padding)
+        args, jax_passes, torch_passes = _case(ctx, rng, batch, transposed, cin, cout, size, stride, padding)
         for which in ("forward", "kernel gradient"):
             if which == "forward" and transposed:  # the transposed forward is not chunked
                 continue

@@ -341,8 +341,7 @@ def _conv_case(rng, batch, transposed, cin, cout, size, stride, padding):
     the JAX arrays (NHWC), the output's shape and a random output cotangent (NHWC), passed to each program as an
     argument: a constant cotangent is folded into the compiled program (an all-ones one made D's 64→128 input
     gradient 73 ms where the same pass of a cotangent given took 24 ms, two runs of one script on a 2-core Intel
-    Xeon), and a pass measured so is not the pass a
-    training step runs."""
+    Xeon), and a pass measured so is not the pass a training step runs."""
     from functional_gan import layers as jax_layers
 
     x = rng.normal(size=(batch, cin, size, size)).astype(np.float32)

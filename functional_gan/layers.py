@@ -200,6 +200,11 @@ def _use_space_to_depth(x_NHWC, weight_OIHW, stride: int, padding: int) -> bool:
     return strided_conv_form() == "space_to_depth" and _space_to_depth_fits(x_NHWC, weight_OIHW, stride, padding)
 
 
+def _one_chunk_conv2d(x_NHWC, weight_OIHW, stride: int, padding: int):
+    """The convolution of one chunk in the form chosen for it: space-to-depth where asked and it fits, else direct."""
+    return _space_to_depth_conv2d if _use_space_to_depth(x_NHWC, weight_OIHW, stride, padding) else _whole_batch_conv2d
+
+
 def _whole_batch_conv2d(x_NHWC, weight_OIHW, stride, padding):
     return lax.conv_general_dilated(
         x_NHWC,
@@ -215,7 +220,7 @@ def _lax_conv2d(x_NHWC, weight_OIHW, stride, padding):
         return _im2col_conv2d(x_NHWC, weight_OIHW, stride, padding)
     out_h = _conv_output_size(x_NHWC.shape[1], weight_OIHW.shape[2], stride, padding)
     out_w = _conv_output_size(x_NHWC.shape[2], weight_OIHW.shape[3], stride, padding)
-    conv = _space_to_depth_conv2d if _use_space_to_depth(x_NHWC, weight_OIHW, stride, padding) else _whole_batch_conv2d
+    conv = _one_chunk_conv2d(x_NHWC, weight_OIHW, stride, padding)
     return _map_batch(
         lambda x: conv(x, weight_OIHW, stride, padding),
         x_NHWC,
@@ -229,7 +234,7 @@ def _conv2d_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding):
     if _use_im2col(x_NHWC, weight_OIHW, stride, padding):
         return _im2col_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding)
 
-    conv = _space_to_depth_conv2d if _use_space_to_depth(x_NHWC, weight_OIHW, stride, padding) else _whole_batch_conv2d
+    conv = _one_chunk_conv2d(x_NHWC, weight_OIHW, stride, padding)
 
     def gradient(x, dy):  # one chunk: the split is decided here, not again inside
         _, kernel_vjp = jax.vjp(lambda w: conv(x, w, stride, padding), weight_OIHW)
@@ -359,10 +364,10 @@ def _conv2d_bwd(stride, padding, residuals, dy_NHWC):
     x_NHWC, weight_OIHW = residuals
     if _use_space_to_depth(x_NHWC, weight_OIHW, stride, padding):  # a stride-1 transposed convolution, chunked
         dx_NHWC = _space_to_depth_input_gradient(x_NHWC, weight_OIHW, dy_NHWC, stride, padding)
-        return dx_NHWC, _conv2d_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding)
-    # Conv2d's (out, in, kH, kW) weight read as a ConvTranspose2d weight (in'=out, out'=in) maps
-    # the output channels back to the input channels: the input gradient is that transposed conv.
-    dx_NHWC = _conv_transpose2d(dy_NHWC, weight_OIHW, stride, padding, x_NHWC.shape[1:3])
+    else:
+        # Conv2d's (out, in, kH, kW) weight read as a ConvTranspose2d weight (in'=out, out'=in) maps
+        # the output channels back to the input channels: the input gradient is that transposed conv.
+        dx_NHWC = _conv_transpose2d(dy_NHWC, weight_OIHW, stride, padding, x_NHWC.shape[1:3])
     return dx_NHWC, _conv2d_weight_gradient(x_NHWC, dy_NHWC, weight_OIHW, stride, padding)
 
 

@@ -121,8 +121,8 @@ class BlockReport:
                  "", f"  {'block':<28} {'rows':>5}  {'verdict':<12} {'worst':>9}  at"]
         for name, report in self._all():
             worst = max(report.rows, key=badness) if report.rows else None
-            verdict = {Verdict.DIVERGENCE: "DIVERGENCE", Verdict.PRECISION_FINDING: "precision"}.get(
-                report.outcome, "agreement") if report.exit_status(self.allow_precision) else "agreement"
+            verdict = {Verdict.DIVERGENCE.exit_status: "DIVERGENCE", Verdict.PRECISION_FINDING.exit_status: "precision"
+                       }.get(report.exit_status(self.allow_precision), "agreement")
             where = f"{worst.label}, {worst.name}" if worst else ""
             lines.append(f"  {name:<28} {len(report.rows):>5}  {verdict:<12} {ratio_text(worst) if worst else '':>9}  "
                          f"{where}")

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from functional_gan import xla_guard
-from .judge import EXIT_SPEC, FLOAT64_TOLERANCE, SIGNIFICANT, ULPS, ULPS64, VERDICT_RULE, Row, Verdict
+from .judge import FLOAT64_TOLERANCE, SIGNIFICANT, ULPS, ULPS64, VERDICT_RULE, Row, Verdict
 
 from .pairing import Pairing
 
