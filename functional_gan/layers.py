@@ -290,6 +290,17 @@ def _subpixel_plan(kernel: int, stride: int, padding: int):
     return taps, index, shift, taps - 1 - min(q)
 
 
+def _padding_kept_apart(x_padded):
+    """``x_padded`` as a value XLA may not fold into the convolution that reads it, in float64.
+
+    XLA:CPU folds a ``pad`` into the padding of the convolution after it; a float64 2×2 convolution padded by
+    one then runs 30–50× slower than the same convolution on the padded input (jaxlib 0.10.2, 4 × 8×8×256 → 512:
+    about 450 ms against 11 ms; float32 runs both at 4 ms). An optimization barrier keeps the padded input a
+    value of its own. float32 is left as it was (the copy costs it up to 2 ms at these shapes).
+    """
+    return lax.optimization_barrier(x_padded) if x_padded.dtype == jnp.float64 else x_padded
+
+
 def _subpixel_conv_transpose(x_NHWC, weight_IOHW, stride, padding, out_hw):
     """The transposed convolution without input dilation (the "sub-pixel" form).
 
@@ -314,7 +325,7 @@ def _subpixel_conv_transpose(x_NHWC, weight_IOHW, stride, padding, out_hw):
     )
     # Not split along the batch (see CPU_CONV_CHUNK_BYTES): for this stride-1 convolution a split
     # measured slower (compare the `sampling` row of `functional-gan bench --quick` with a split here).
-    z = lax.conv_general_dilated(x_padded, kernel_HWIO, (1, 1), "VALID", dimension_numbers=_NHWC_HWIO)
+    z = lax.conv_general_dilated(_padding_kept_apart(x_padded), kernel_HWIO, (1, 1), "VALID", dimension_numbers=_NHWC_HWIO)
     z = z.reshape(n, z.shape[1], z.shape[2], stride, stride, c_out)
     phases = jnp.stack(
         [
