@@ -658,6 +658,24 @@ def test_programs_compiled_op_by_op_are_let_go_past_the_bound_with_the_same_numb
     assert after == 0
 
 
+def test_the_policy_keeps_a_small_models_programs_and_lets_a_large_ones_go():
+    """JAX's per-operation programs are let go after an op-by-op program only on a model past the policy's size."""
+    policy = MemoryPolicy()
+    w = jnp.linspace(-1.0, 1.0, 7)
+    grad = jax.grad(_op_by_op_loss)
+    small, large = policy.programs_let_go_above, policy.programs_let_go_above + 1
+    for parameter_bytes, compiled_again in ((small, False), (large, True)):
+        jax.clear_caches()
+        with policy.programs_held("eager", parameter_bytes):
+            _, first = _compilations(lambda: np.asarray(grad(w)))
+        policy.let_go_of_programs("eager", parameter_bytes)
+        _, again = _compilations(lambda: np.asarray(grad(w)))
+        assert first > 20 and (again >= first if compiled_again else again == 0), (parameter_bytes, first, again)
+    policy.let_go_of_programs("jit", large)  # after a compiled program JAX's caches are not touched
+    _, after = _compilations(lambda: np.asarray(grad(w)))
+    assert after == 0
+
+
 def test_where_jax_dispatches_elsewhere_the_bound_is_a_no_op(monkeypatch):
     from jax._src import dispatch
 

@@ -107,7 +107,7 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
     with _numerics(dtype), old_objects_frozen(), taps.installed(taps.validate(spec.taps)):
         phases = Phases("check-port: " if progress else None)
         run = prepare(spec, dtype, k, seed, programs, torch_state, memory)  # both sides built, the weights paired
-        jax.clear_caches()  # the programs of the port's construction (run op by op, as NNX and Equinox build models)
+        run.memory.let_go_of_programs("eager", run.parameter_bytes)  # the port's construction ran op by op (NNX, Equinox)
         phases.mark("PyTorch models built, port paired")
         converted = _exported(run) if export else None  # the weights as they start, before any step changes them
         port = _PortSteps.of(run, programs, steps)  # the port's step as each program runs it, and its variants
@@ -277,7 +277,7 @@ def _port_phase(run: Run, port: _PortSteps, step: _Step, program: str) -> dict:
     # the start's shapes, for the islands' jaxpr once the program has run (a jitted step donates its start)
     shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype)
                                     if hasattr(a, "dtype") else a, start) if first and run.dtype == "float64" else None
-    with run.memory.programs_held(program), reference_parked(run):
+    with run.memory.programs_held(program, run.parameter_bytes), reference_parked(run):
         outcome = run_program(run, function, program, start, port.opt_states[program], first=first)
     if first:
         check_dtypes(outcome, run.dtype, run)
@@ -291,7 +291,7 @@ def _port_phase(run: Run, port: _PortSteps, step: _Step, program: str) -> dict:
     port.own_state[program] = {"batch_stats": outcome.get("batch_stats") or start["batch_stats"],
                                "carry": outcome.get("carry")}
     del start, state
-    run.memory.let_go_of_programs(program)
+    run.memory.let_go_of_programs(program, run.parameter_bytes)
     return outcome
 
 
@@ -299,10 +299,10 @@ def _port_noise_phase(run: Run, port: _PortSteps, step: _Step, phases: Phases) -
     """float64, after the first program (its faults named first): the port's own rounding error, its program in
     float32 from the same start, and where it has float32 islands, its program with them computed in float64."""
     variant_from = step.start(run, port, step.variant_start)  # before PyTorch's is parked
-    with run.memory.programs_held(port.variant_program), reference_parked(run):
+    with run.memory.programs_held(port.variant_program, run.parameter_bytes), reference_parked(run):
         step.variant = port_variant(run, port.variant_function, variant_from)
     del variant_from
-    run.memory.let_go_of_programs(port.variant_program)
+    run.memory.let_go_of_programs(port.variant_program, run.parameter_bytes)
     phases.mark(f"step {step.number}: the port in float32, for its own float64 error")
     if port.port_islands:  # the port's own islands' error: its step with its casts removed
         wide_from = step.start(run, port, step.variant_start)
@@ -316,7 +316,7 @@ def _twin_phase(run: Run, port: _PortSteps, step: _Step, program: str, outcome: 
     """float32: the program's float64 twin, JAX's own float32 error kept as numbers (the twin let go before the update
     stage's runs); a port that fixes its own dtype has none, and nothing can be called precision."""
     own_before = step.own_before[program]
-    with jax.enable_x64(True), run.memory.programs_held(program):
+    with jax.enable_x64(True), run.memory.programs_held(program, run.parameter_bytes):
         twin = float64_twin(run, port.twin_function, lambda: step.start(run, port, own_before, jnp.float64),
                             compile_first=program == "jit")
     narrow = first_narrow(twin, run)
@@ -333,7 +333,7 @@ def _twin_phase(run: Run, port: _PortSteps, step: _Step, program: str, outcome: 
         step.reference_gradients(run)
         step.measures = twin_measures(run, step.seen, outcome, twin)
     del twin
-    run.memory.let_go_of_programs(program)
+    run.memory.let_go_of_programs(program, run.parameter_bytes)
 
 
 def _own_errors(run: Run, step: _Step, outcome: dict) -> tuple[dict, dict]:
@@ -372,14 +372,14 @@ def _verify_fast_variance(run: Run, port: _PortSteps, step: _Step, program: str,
     counter_start = step.start(run, port, step.own_before[program])
     counter_step = jax_step_function(run.adapter, run.spec, None)  # a function of its own: traced afresh,
     counter_step = jax.jit(counter_step) if program == "jit" else counter_step  # the patch in effect
-    with fast_variance_off(), run.memory.programs_held(program), reference_parked(run):
+    with fast_variance_off(), run.memory.programs_held(program, run.parameter_bytes), reference_parked(run):
         counter = collected(run, functools.partial(counter_step, counter_start, run.jax_inputs, run.jax_targets, None))
     del counter_start
     run.counterfactuals["use_fast_variance=False"] = {
         r.key: r for r in judged_rows(run, step.numbered, step.seen, counter, None, {}, None,
                                       BEFORE_UPDATE + ("buffer",), variation)}
     del counter
-    run.memory.let_go_of_programs(program)
+    run.memory.let_go_of_programs(program, run.parameter_bytes)
 
 
 def _judged_updates(run: Run, port: _PortSteps, step: _Step, program: str, outcome: dict, own: tuple,

@@ -284,24 +284,30 @@ class MemoryPolicy:
     # runs (:func:`.torch_side.reference_parked`)
     parked_above: int = 256 << 20
     recomputed_above: int = 256 << 20  # bytes of PyTorch64's gradients computed again at the last step, not held
+    # bytes of the model's parameters (in float32) from which JAX's per-operation programs are bounded and let go: a
+    # smaller model's are kept for the whole check (some hundreds, about 1 MB each, less than the model's own copies
+    # once it is this large), so that its steps and its twins do not compile the same operations again
+    programs_let_go_above: int = 64 << 20
 
     def recomputes(self, gradients: dict) -> bool:
         """Whether PyTorch64's ``gradients`` are let go while the port runs, and computed again when compared."""
         return sum(np.asarray(g).nbytes for g in gradients.values()) > self.recomputed_above
 
-    @staticmethod
-    def programs_held(program: str):
-        """While ``program`` runs: op by op, at most a bounded number of JAX's per-operation programs held
-        (:func:`op_programs_bounded`); compiled, nothing to bound."""
-        return op_programs_bounded() if program == "eager" else contextlib.nullcontext()
+    def programs_held(self, program: str, parameter_bytes: int):
+        """While ``program`` runs: op by op, on a model of more than ``programs_let_go_above`` bytes of parameters, at
+        most a bounded number of JAX's per-operation programs held (:func:`op_programs_bounded`); a smaller model's, or
+        a compiled program, nothing to bound."""
+        if program == "eager" and parameter_bytes > self.programs_let_go_above:
+            return op_programs_bounded()
+        return contextlib.nullcontext()
 
-    @staticmethod
-    def let_go_of_programs(program: str) -> None:
-        """After a program run op by op, JAX's caches of the programs it compiled for each operation (about 0.75 GB
-        for a ResNet-50's step, kept until the process ends) are let go: the next program compiles its own. The
-        compiled step then compiles again at the next step, a few seconds, for a peak a gigabyte lower on such a
-        model."""
-        if program == "eager":
+    def let_go_of_programs(self, program: str, parameter_bytes: int) -> None:
+        """After a program run op by op on a model of more than ``programs_let_go_above`` bytes of parameters, JAX's
+        caches of the programs it compiled for each operation (about 0.75 GB for a ResNet-50's step, kept until the
+        process ends) are let go: the next program compiles its own. The compiled step then compiles again at the next
+        step, a few seconds, for a peak a gigabyte lower on such a model. A smaller model's are kept (a check of a
+        0.1M-parameter port on 2 cores: 28 s → 25 s)."""
+        if program == "eager" and parameter_bytes > self.programs_let_go_above:
             import jax
 
             jax.clear_caches()

@@ -11,7 +11,7 @@ import torch
 from functional_gan.errors import UserError
 
 from . import apis
-from .memory import MemoryPolicy, estimate, estimate_before_building
+from .memory import MemoryPolicy, estimate, estimate_before_building, parameter_count
 from .pairing import default_from_jax, default_to_jax, shapes_of_paired, tied_tensors, transfer
 from .run import PERMUTED_RUNS, Run
 from .spec import Spec, SpecError, differentiated_inputs
@@ -126,7 +126,7 @@ def prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, ..
     shadows = {program: ({"ref": None, short: None} if spec.jax_optimizer is not None else {}) for program in programs}
     run = Run(spec, dtype, k, inputs, targets, jax_inputs(adapter.channels_last), on_jax(targets), from_jax, adapter,
                pairings, layer_paths, {}, sides, permutations, shadows, tied=tied, working=working, make_working=work,
-               memory=memory)
+               memory=memory, parameter_bytes=4 * parameter_count(reference_model))
     paths = {p.torch_key: "/".join(p.jax_path) for p in pairings}
     for later, first in tied.items():
         if later in paths:  # the port keeps a copy of its own where PyTorch uses one tensor twice

@@ -44,3 +44,4 @@ class Run:
     make_working: Callable | None = None  # a working PyTorch model of a dtype, built on first use
     torch_islands: dict | None = None  # PyTorch64's lower-precision islands {module: dtype}, found at its first step
     memory: MemoryPolicy = dataclasses.field(default_factory=MemoryPolicy)  # how the check holds its memory
+    parameter_bytes: int = 0  # the PyTorch model's parameters in float32 bytes (what the memory policy weighs)
