@@ -276,8 +276,9 @@ def estimate_before_building(torch_model, dtype: str) -> SizeEstimate | None:
 class MemoryPolicy:
     """How a check holds its memory, decided in one place (the check's phases ask it, they do not decide): the size
     beyond which a check is not started, the sizes beyond which PyTorch64's reference is parked on disk while the port
-    runs and its gradients computed again rather than held, and JAX's per-operation programs bounded and let go after
-    a program runs op by op. ``check_by_block`` checks each block with the default policy."""
+    runs and its gradients computed again rather than held, and the model's size beyond which JAX's per-operation
+    programs are bounded and let go after a program runs op by op. ``check_by_block`` checks each block with the
+    default policy."""
 
     limit: float | None = None  # bytes: a check estimated beyond it (:func:`estimate`) is not started
     # bytes of PyTorch64's reference model (and its optimizer's state) beyond which it is parked on disk while the port
