@@ -22,11 +22,14 @@ def use() -> None:
     # Every program, however fast it compiled: the many small ones (eager operations, restoring a checkpoint) add
     # up. Measure: `time functional-gan sample --checkpoint RUN --out x.png`, run twice, with this and with 0.2.
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    if "jax" in sys.modules:  # imported already (main() called from Python): the environment is read at import
+    if "jax" in sys.modules:  # imported already (by the command's flags, or main() called from Python): JAX reads
+        # the environment at import, so both settings are given to it here
         import jax
 
         if not jax.config.jax_compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                          float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 
 def wanted(no_compile_cache: bool) -> bool:

@@ -121,10 +121,12 @@ def test_an_update_stepped_a_few_parameters_at_a_time_is_the_one_step_bit_for_bi
         assert np.array_equal(results[70][key], results[float("inf")][key]), key
 
 
-def test_the_compiled_step_donates_its_parameters_and_computes_what_jit_computes():
+@pytest.mark.parametrize("donate_fresh_state", [True, False])
+def test_the_compiled_step_donates_its_parameters_and_computes_what_jit_computes(donate_fresh_state):
     """The compiled step check-port runs: the parameters made for it are donated (written over by the new ones), the
-    optimizer's state of a first step is made after compilation and donated too, and both variants give jax.jit's
-    numbers bit for bit."""
+    optimizer's state of a first step is made after compilation and, for a large model, donated too; a small model's
+    first step keeps it, and its later steps run the first step's program; every variant gives jax.jit's numbers bit
+    for bit."""
     from functional_gan.testing.jax_side import CompiledStep
     from functional_gan.testing.jax_side import jax_step_function
 
@@ -140,18 +142,22 @@ def test_the_compiled_step_donates_its_parameters_and_computes_what_jit_computes
         return {"params": jax.tree_util.tree_map(jnp.copy, params), "batch_stats": {}, "carry": adapter.carry}
 
     expected = jax.jit(step)(variables(), inputs, targets, optimizer.init(params))
-    compiled = CompiledStep(step, optimizer)
-    made = []
+    compiled = CompiledStep(step, optimizer, donate_fresh_state)
+    made, states = [], []
 
     def make_state():
         made.append(len(compiled.compiled))  # compiled programs when the state is made (eval_shape's trace first)
-        return optimizer.init(params)
+        states.append(optimizer.init(params))
+        return states[-1]
 
     for fresh in (True, False):
         given, state = variables(), None if fresh else optimizer.init(params)
         outcome = compiled.with_state(make_state if fresh else None)(given, inputs, targets, state)
         assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(given["params"]))  # donated
         assert fresh or not any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(state))  # given: kept
+        if fresh:  # the state made for the first step: written over by the new one for a large model only
+            assert all(leaf.is_deleted() == donate_fresh_state for leaf in jax.tree_util.tree_leaves(states[-1]))
+        assert len(compiled.compiled) == (1 if fresh or not donate_fresh_state else 2)  # one program, or one each
         for key in ("output", "loss", "grads", "params", "opt_state"):
             assert jax.tree_util.tree_all(jax.tree_util.tree_map(
                 lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), outcome[key], expected[key])), key

@@ -196,7 +196,8 @@ class _PortSteps:
         return cls(
             programs=programs, steps=steps, order=sorted(programs, key=lambda p: p != "eager"), optimizer=optimizer,
             step_fn=step_fn, last_step_fn=jax_step_function(run.adapter, run.spec, optimizer, keep_state=False),
-            compiled_step=CompiledStep(step_fn, optimizer), twin_step=twin_step,
+            compiled_step=CompiledStep(step_fn, optimizer, run.memory.donates_fresh_state(run.parameter_bytes)),
+            twin_step=twin_step,
             twin_function=compiled_twin if noise_program(programs) == "jit" else twin_step,
             variant_program=variant_program,
             variant_function=compiled_twin if variant_program == "jit" else twin_step,

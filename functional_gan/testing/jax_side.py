@@ -314,18 +314,21 @@ class CompiledStep:
     variables' parameters (made for the step from PyTorch's, read by nothing after it) donated where an optimizer
     steps them: the new parameters are written into their buffers. The optimizer's state of a first step is made after
     the program is compiled (XLA's compilation of GPT-2's float64 step holds most of a gigabyte while it runs, not
-    beside Adam's two moments) and donated too, the new state written into its buffers. Donation changes where outputs
-    are written, not what is computed: the reports are the same number for number. The step returns its new state at
-    the last step too (nothing reads it): a program without that output is fused otherwise, and its update rounds
-    otherwise (Adam's steps on near-zero gradients moved by up to 1e-3 of their size in the example ports). Each
-    variant is compiled once per check."""
+    beside Adam's two moments) and, with ``donate_fresh_state`` (a large model's: :class:`.memory.MemoryPolicy`),
+    donated too, the new state written into its buffers; without it, the later steps run the first step's program,
+    compiled once. Donation changes where outputs are written, not what is computed: the reports are the same number
+    for number. The step returns its new state at the last step too (nothing reads it): a program without that output
+    is fused otherwise, and its update rounds otherwise (Adam's steps on near-zero gradients moved by up to 1e-3 of
+    their size in the example ports). Each variant is compiled once per check, for the inputs' shapes and dtypes."""
 
-    def __init__(self, step, optimizer):
+    def __init__(self, step, optimizer, donate_fresh_state: bool = True):
         def apart(params, rest, inputs, targets, opt_state):
             return step({**rest, "params": params}, inputs, targets, opt_state)
 
         params = (0,) if optimizer is not None else ()  # without an optimizer no new parameters come out to take them
-        self.jitted = {fresh: jax.jit(apart, donate_argnums=params + ((4,) if fresh else ())) for fresh in (False, True)}
+        self.jitted = {donated: jax.jit(apart, donate_argnums=params + ((4,) if donated else ()))
+                       for donated in (False, True)}
+        self.donate_fresh_state = donate_fresh_state
         self.compiled = {}
 
     def with_state(self, make_state: Callable | None):
@@ -335,15 +338,24 @@ class CompiledStep:
             params = variables["params"]
             rest = {key: value for key, value in variables.items() if key != "params"}
             fresh = make_state is not None
-            if fresh not in self.compiled:
-                state_shapes = jax.eval_shape(make_state) if fresh else opt_state
-                self.compiled[fresh] = self.jitted[fresh].lower(params, rest, inputs, targets, state_shapes).compile()
+            donated = fresh and self.donate_fresh_state
+            state_shapes = jax.eval_shape(make_state) if fresh else opt_state
+            key = (donated, _signature((params, rest, inputs, targets, state_shapes)))
+            if key not in self.compiled:
+                self.compiled[key] = self.jitted[donated].lower(params, rest, inputs, targets, state_shapes).compile()
             if fresh:
                 opt_state = unshared(make_state(), beside=params)
             trim()  # what the start's conversion and the compilation freed, handed back before the program's buffers
-            return self.compiled[fresh](params, rest, inputs, targets, opt_state)
+            return self.compiled[key](params, rest, inputs, targets, opt_state)
 
         return call
+
+
+def _signature(tree) -> tuple:
+    """What a compiled program is specialised to: ``tree``'s structure and each leaf's shape, dtype and weak type."""
+    leaves, structure = jax.tree_util.tree_flatten(tree)
+    return structure, tuple((np.shape(leaf), str(getattr(leaf, "dtype", type(leaf))), getattr(leaf, "weak_type", None))
+                            for leaf in leaves)
 
 
 

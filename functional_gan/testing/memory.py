@@ -289,6 +289,15 @@ class MemoryPolicy:
     # smaller model's are kept for the whole check (some hundreds, about 1 MB each, less than the model's own copies
     # once it is this large), so that its steps and its twins do not compile the same operations again
     programs_let_go_above: int = 64 << 20
+    # bytes of the model's parameters (in float32) from which the optimizer's state made for the first compiled step is
+    # donated to it (its buffers take the new state: one copy of Adam's moments less at the peak); a smaller model's
+    # first step keeps it, and its later steps run the same compiled program rather than one compiled for each
+    state_donated_above: int = 64 << 20
+
+    def donates_fresh_state(self, parameter_bytes: int) -> bool:
+        """Whether the compiled step's first call is given the optimizer's new state to write over
+        (:class:`.jax_side.CompiledStep`)."""
+        return parameter_bytes > self.state_donated_above
 
     def recomputes(self, gradients: dict) -> bool:
         """Whether PyTorch64's ``gradients`` are let go while the port runs, and computed again when compared."""
