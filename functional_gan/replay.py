@@ -57,20 +57,17 @@ def state_from_state_dicts(config: TrainConfig, generator_sd, discriminator_sd, 
 
     PyTorch: ``netG.load_state_dict(torch.load(path))``, then new ``optim.Adam`` objects.
     """
-    # The models' shapes without drawing their weights: a fresh initialisation compiles a random normal per kernel
-    # shape (about 4 s for the DCGAN's ten on a CPU core with jaxlib 0.10.2), and it is made only for a network
-    # whose state_dict is not given.
-    shapes = jax.eval_shape(lambda: init_state(config))
-    fresh = init_state(config) if generator_sd is None or discriminator_sd is None else None
+    # Fresh weights only where a state_dict is missing; else the models' shapes alone, nothing drawn (a fresh
+    # initialisation compiles a random normal per kernel shape: about 4 s for the DCGAN's on a CPU core, jaxlib 0.10.2).
+    fresh = init_state(config) if generator_sd is None or discriminator_sd is None \
+        else jax.eval_shape(lambda: init_state(config))
     variables = {}
     for name, state_dict in (("generator", generator_sd), ("discriminator", discriminator_sd)):
+        params, batch_stats = getattr(fresh, f"{name}_params"), getattr(fresh, f"{name}_batch_stats")
         if state_dict is None:
-            variables[name] = {"params": getattr(fresh, f"{name}_params"),
-                               "batch_stats": getattr(fresh, f"{name}_batch_stats")}
+            variables[name] = {"params": params, "batch_stats": batch_stats}
         else:
-            expected = state_dicts.state_dict_shapes(getattr(shapes, f"{name}_params"),
-                                                     getattr(shapes, f"{name}_batch_stats"))
-            state_dicts.check_state_dict(state_dict, expected, name)
+            state_dicts.check_state_dict(state_dict, state_dicts.state_dict_shapes(params, batch_stats), name)
             variables[name] = state_dicts.state_dict_to_variables(state_dict)
 
     def cast(tree):

@@ -43,15 +43,15 @@ def test_an_unknown_command_is_refused_with_the_list_of_commands():
 def test_commands_use_the_persistent_compilation_cache_unless_told_not_to(tmp_path):
     # JAX imported before the command runs, as `train`'s flags import it (and a user's own script may)
     probe = ("import os, sys, jax\nfrom functional_gan import main as m\nm.main(sys.argv[1:])\n"
-             "import jax\nprint('CACHE', jax.config.jax_compilation_cache_dir)\n"
+             "print('CACHE', jax.config.jax_compilation_cache_dir)\n"
              "print('MIN', jax.config.jax_persistent_cache_min_compile_time_secs)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     env.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path))
     args = ["linreg"]
     on = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=300, env=env)
     assert f"CACHE {tmp_path / 'functional-gan' / 'jax'}" in on.stdout, on.stderr
-    # Every program cached, however fast it compiled, though JAX was imported before the cache was turned on: JAX's own threshold, 1 s, kept a training run's model initialisation (4.7 s of small
-    # programs) out of it.
+    # Every program cached, however fast it compiled, though JAX was imported before the cache was turned on: JAX's
+    # own threshold, 1 s, kept a training run's model initialisation (4.7 s of small programs) out of it.
     assert "MIN 0.0" in on.stdout, on.stdout
     assert any((tmp_path / "functional-gan" / "jax").iterdir())  # the programs were written there
     off = subprocess.run([sys.executable, "-c", probe, "--no-compile-cache", *args], capture_output=True, text=True,
