@@ -720,7 +720,7 @@ def test_the_adapter_does_not_hold_the_ports_initial_parameters_once_paired(api)
     x = jnp.ones((2, 3) if api == "nnx" else (3,))  # an Equinox layer takes one sample
     spec = testing.Spec(lambda: torch_model, jax_model=[made].pop, example_inputs=lambda: (np.asarray(x),))
     del made
-    adapter = apis.adapter_for(spec, lambda channels_last: (x,), 0)
+    adapter = apis.adapter_for(spec, lambda channels_last: (x,), 0, abstract=False)  # built as the spec builds it
     adapter.variables = shapes_of_paired(adapter.variables, transfer(torch_model, adapter.variables, None, adapter.kinds))
     del initial
     gc.collect()
@@ -745,3 +745,79 @@ def test_the_memory_benchmark_measures_a_check_in_a_process_of_its_own(tmp_path)
     assert 0.3 < result["peak_gib"] < 8  # imports alone are 0.4 GiB; the MNIST check measured 1.0
     assert "rows of jit" in result["phases"]
     assert "| mnist_cnn_nnx.py | both programs | 22 | 0 |" in (tmp_path / "check-port-memory.md").read_text()
+
+
+def _compiled_names(call):
+    """(call's result, the names of the programs JAX compiled while it ran), read off JAX's compile log."""
+    import logging
+
+    names = []
+
+    class Names(logging.Handler):
+        def emit(self, record):
+            found = re.search(r"Finished XLA compilation of jit\((.+?)\)", record.getMessage())
+            if found:
+                names.append(found.group(1))
+
+    handler, logger = Names(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            return call(), names
+    finally:
+        logger.removeHandler(handler)
+
+
+def _port_with_a_bias_pytorch_lacks(api):
+    """A port of Linear(3, 4, bias=False) → Linear(4, 2) whose first layer has a bias: a leaf no tensor pairs with."""
+    if api == "linen":
+        class Port(fnn.Module):
+            @fnn.compact
+            def __call__(self, x):
+                hidden = fnn.Dense(4, bias_init=fnn.initializers.normal(1.0))(x)
+                return fnn.Dense(2)(hidden)
+
+        return Port()
+    if api == "nnx":
+        from flax import nnx
+
+        return nnx.Sequential(nnx.Linear(3, 4, bias_init=nnx.initializers.normal(1.0), rngs=nnx.Rngs(0)),
+                              nnx.Linear(4, 2, rngs=nnx.Rngs(1)))
+    import equinox as eqx
+
+    keys = jax.random.split(jax.random.key(0))
+    return eqx.nn.Sequential([eqx.nn.Linear(3, 4, key=keys[0]), eqx.nn.Linear(4, 2, key=keys[1])])
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx", "equinox"])
+def test_the_port_is_built_as_shapes_and_draws_its_own_values_only_for_a_leaf_left_unpaired(api):
+    """check-port builds the port abstractly (Linen: eval_shape of init; nnx.eval_shape; eqx.filter_eval_shape): no
+    program is compiled and no random value drawn for weights PyTorch's replace. A leaf PyTorch has no tensor for (a
+    bias the PyTorch layer lacks) keeps the port's own initial value, the same as the port built for real."""
+    from functional_gan.testing import apis
+    from functional_gan.testing.pairing import all_filled, leaf_at, transfer
+    from functional_gan.testing.prepare import prepare
+
+    x = jnp.ones((2, 3) if api != "equinox" else (3,))  # an Equinox layer takes one sample
+    torch.manual_seed(0)
+    paired = testing.Spec(lambda: torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)),
+                          jax_model=lambda: _port_with_a_bias_pytorch_lacks(api), example_inputs=lambda: (np.asarray(x),))
+    jax.clear_caches()
+    adapter, compiled = _compiled_names(lambda: apis.adapter_for(paired, lambda channels_last: (x,), 0))
+    leaves = jax.tree_util.tree_leaves(adapter.variables)
+    assert len(leaves) == 4 and all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves), adapter.variables
+    assert set(compiled) <= {"stage", "_threefry_seed"}, compiled  # the seed's key (jax.random.key), no draw
+    assert adapter.materialise is not None
+    assert all_filled(adapter.variables, transfer(paired.torch_model(), adapter.variables, None, adapter.kinds))
+
+    lacking = dataclasses.replace(paired, torch_model=lambda: torch.nn.Sequential(torch.nn.Linear(3, 4, bias=False),
+                                                                                  torch.nn.Linear(4, 2)),
+                                  jax_model=lambda: _port_with_a_bias_pytorch_lacks(api))
+    run = prepare(lacking, "float32", 3.0, 0, ("jit",))
+    real = apis.adapter_for(lacking, lambda channels_last: (x,), 0, abstract=False).variables
+    bias = {"linen": ("Dense_0", "bias"), "nnx": ("layers", "0", "bias"), "equinox": ("layers", "0", "bias")}[api]
+    kept = leaf_at(run.adapter.variables["params"], bias)
+    assert not isinstance(kept, jax.ShapeDtypeStruct) and np.any(np.asarray(kept) != 0)
+    np.testing.assert_array_equal(np.asarray(kept), np.asarray(leaf_at(real["params"], bias)))
+    for key in [p.jax_path for p in run.pairings]:  # and every paired leaf is held as its shape alone
+        assert isinstance(leaf_at(run.adapter.variables["params"], key), jax.ShapeDtypeStruct)

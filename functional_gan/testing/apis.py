@@ -235,8 +235,9 @@ def _fields(node) -> tuple:
     return dataclasses.fields(node)
 
 
-def _in_definition_order(flat: dict[tuple[str, ...], Any], root) -> dict[tuple[str, ...], Any]:
-    order = {path: i for i, path in enumerate(_definition_order(root))}
+def _in_definition_order(flat: dict[tuple[str, ...], Any], root, paths: list | None = None) -> dict[tuple[str, ...], Any]:
+    """``flat`` in the order ``root``'s attributes were defined (or in ``paths``' order, read off the port as built)."""
+    order = {path: i for i, path in enumerate(_definition_order(root) if paths is None else paths)}
     return dict(sorted(flat.items(), key=lambda item: order.get(item[0], len(order))))
 
 
@@ -371,6 +372,9 @@ class Adapter:
     # variables (as ``apply`` takes them) -> the port as its API keeps it: Linen's variables dict, the NNX model, the
     # Equinox (model, state), a function's {"params": ..., "state": ...}; what ``convert`` writes
     export: Callable | None = None
+    # where ``variables`` holds shapes (the port built abstractly): () -> the port's own initial variables, for the
+    # leaves no PyTorch tensor fills
+    materialise: Callable | None = None
 
 
 def is_linen(model) -> bool:
@@ -392,19 +396,36 @@ def is_equinox(model) -> bool:
     return isinstance(model, eqx.Module)
 
 
-def adapter_for(spec, make_inputs: Callable[[bool], tuple], seed: int) -> Adapter:
+def adapter_for(spec, make_inputs: Callable[[bool], tuple], seed: int, abstract: bool = True) -> Adapter:
     """The adapter for the spec's port (its ``jax_model()``'s type, or ``jax_params``/``jax_apply``).
 
-    ``make_inputs(channels_last)``: the example inputs on the JAX side, in the API's usual layout (Linen's
-    ``init`` needs them)."""
+    Args:
+        spec: the check's :class:`.spec.Spec`.
+        make_inputs: ``make_inputs(channels_last)``, the example inputs on the JAX side in the API's usual layout
+            (Linen's ``init`` needs them).
+        seed: the key the port's own initialisation (and an Equinox model's ``key`` argument) draws from.
+        abstract: the port built as shapes where PyTorch's tensors can fill every array it holds (Linen:
+            ``jax.eval_shape`` of ``init``; ``nnx.eval_shape``; ``eqx.filter_eval_shape``), its own values drawn by
+            :attr:`Adapter.materialise` only if a leaf is left unpaired; False: built as ``jax_model()`` builds it.
+
+    Returns:
+        The :class:`Adapter`: the port's variables (arrays, or shapes where built abstractly), ``apply`` and ``export``.
+
+    Raises:
+        UserError: ``jax_model()``, ``jax_params()`` or Linen's ``init`` failed, or ``jax_model()`` returned something
+            that is none of the APIs taken.
+    """
     if spec.jax_model is None:
         return _function_adapter(spec)
+    built = _adapter_built_abstractly(spec, seed) if abstract else None
+    if built is not None:
+        return built
     try:
         model = spec.jax_model()
     except Exception as error:
         raise UserError(f"the spec's jax_model() failed: {type(error).__name__}: {error}") from error
     if is_linen(model):
-        return _linen_adapter(spec, model, make_inputs(True), seed)
+        return _linen_adapter(spec, model, make_inputs(True), seed, abstract)
     if is_nnx(model):
         return _nnx_adapter(spec, model)
     if is_equinox(model):
@@ -412,6 +433,53 @@ def adapter_for(spec, make_inputs: Callable[[bool], tuple], seed: int) -> Adapte
     raise UserError(f"jax_model() returned {type(model).__module__}.{type(model).__qualname__}; check-port takes a "
                     "Flax Linen module, a Flax NNX module, an Equinox module (or (module, state) from "
                     "eqx.nn.make_with_state), or no jax_model() and jax_params() with jax_apply(params, *inputs)")
+
+
+def _adapter_built_abstractly(spec, seed: int) -> Adapter | None:
+    """An NNX or Equinox port built as shapes (``nnx.eval_shape``, ``eqx.filter_eval_shape``: its constructor traced,
+    no random value drawn), where PyTorch's tensors can fill every array it holds; its ``materialise`` builds it for real
+    if some leaf is left unpaired. None for any other port, or one that holds state of its own (NNX's RNG streams, an
+    Equinox State, integer arrays) or whose constructor needs concrete values: it is built as it is.
+
+    Drawing a port's random initial values costs a compiled program per initializer and shape (about a second each
+    on one core with jaxlib 0.10.2's threefry), all of it thrown away when PyTorch's weights replace them."""
+    found = {}
+
+    def probe():
+        made = spec.jax_model()
+        found["api"] = "nnx" if is_nnx(made) else "equinox" if is_equinox(made) else None
+        found["state"] = isinstance(made, tuple)
+        found["order"] = _definition_order(made)  # nnx.eval_shape's model keeps its attributes sorted by name
+
+    try:
+        jax.eval_shape(probe)
+    except Exception:  # the constructor needs concrete values, or fails: said by the real build
+        return None
+    if found.get("api") is None or found.get("state"):
+        return None
+    try:
+        if found["api"] == "nnx":
+            from flax import nnx
+
+            adapter = _nnx_adapter(spec, nnx.eval_shape(spec.jax_model), found["order"])
+        else:
+            import equinox as eqx
+
+            model = eqx.filter_eval_shape(spec.jax_model)
+            if any(isinstance(leaf, jax.ShapeDtypeStruct) and not np.issubdtype(leaf.dtype, np.inexact)
+                   for leaf in jax.tree_util.tree_leaves(model)):
+                return None  # an integer array of its own (positions, a table): its values are the port's
+            adapter = _equinox_adapter(spec, model, seed)
+    except Exception:
+        return None
+    if adapter.carry:  # NNX's RNG streams, counters, caches: carried with their values
+        return None
+
+    def materialise():
+        return adapter_for(spec, lambda channels_last: (), seed, abstract=False).variables
+
+    adapter.materialise = materialise
+    return adapter
 
 
 # --- Flax Linen ---------------------------------------------------------------------------------------
@@ -446,6 +514,23 @@ def _linen_mode(model, train: bool):
     return model, arguments
 
 
+def _linen_shapes(model, key, inputs, mode: dict | None = None) -> dict | None:
+    """``model.init``'s variables as shapes and dtypes (``jax.eval_shape``: traced, neither compiled nor drawn), in
+    definition order; None for a module whose ``init`` needs concrete values."""
+    traced = {}
+
+    def init(key, *inputs):
+        traced["variables"] = model.init(key, *inputs, **(mode or {}))
+        return traced["variables"]
+
+    try:
+        shapes = jax.eval_shape(init, key, *inputs)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+            jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError):
+        return None
+    return _in_order_of(traced["variables"], shapes)  # eval_shape's outputs come back key-sorted
+
+
 def _linen_init(model, key, inputs, mode: dict | None = None) -> dict:
     """``model.init`` as one compiled program (eagerly, each initializer and layer is its own small compile: 4 s of
     a 12 s check on the example MNIST CNN with jaxlib 0.10.2); eagerly for a module whose ``init`` needs concrete
@@ -472,13 +557,31 @@ def _in_order_of(template, tree):
     return tree
 
 
-def _linen_adapter(spec, model, inputs, seed) -> Adapter:
+def _linen_adapter(spec, model, inputs, seed, abstract: bool = True) -> Adapter:
     model, mode = _linen_mode(model, spec.train) if spec.jax_apply is None else (model, {})
+    key = jax.random.key(seed)
+
+    def initialised():
+        try:
+            variables = _linen_init(model, key, inputs, mode)
+        except Exception as error:
+            raise UserError(f"jax_model().init on the example inputs failed: {type(error).__name__}: {error}") from error
+        return {c: dict(v) for c, v in variables.items()}
+
+    # The variables' shapes first: PyTorch's tensors fill every paired leaf, and the port's own random values are drawn
+    # (a compiled program per initializer and shape) only where a leaf is left unpaired or a collection of its own is
+    # carried from step to step.
     try:
-        variables = _linen_init(model, jax.random.key(seed), inputs, mode)
-    except Exception as error:
-        raise UserError(f"jax_model().init on the example inputs failed: {type(error).__name__}: {error}") from error
-    variables = {c: dict(v) for c, v in variables.items()}
+        variables = _linen_shapes(model, key, inputs, mode) if abstract else None
+    except Exception:  # said by the real init, as the port's own error
+        variables = None
+    variables = {c: dict(v) for c, v in variables.items()} if variables is not None else None
+    if variables is None or any(c not in ("params", "batch_stats", "intermediates") for c in variables):
+        variables = initialised()
+        materialise = None
+    else:
+        def materialise():
+            return {c: initialised().get(c, {}) for c in ("params", "batch_stats")}
     canonical = {c: variables.get(c, {}) for c in ("params", "batch_stats")}
     others = {c: v for c, v in variables.items() if c not in ("params", "batch_stats", "intermediates")}
 
@@ -511,7 +614,7 @@ def _linen_adapter(spec, model, inputs, seed) -> Adapter:
     fast, classes = _linen_modules(model, variables, inputs, mode)
     return Adapter("Flax Linen", "flax", True, canonical, apply, carry=others,
                    carried=", ".join(f"the {c!r} collection" for c in carried), fast_variance=fast, classes=classes,
-                   export=export)
+                   export=export, materialise=materialise)
 
 
 @contextlib.contextmanager
@@ -612,13 +715,13 @@ def _nnx_modules(net) -> dict[tuple[str, ...], object]:
     return {tuple(map(str, path)): node for path, node in nnx.iter_graph(net) if isinstance(node, nnx.Module)}
 
 
-def _nnx_adapter(spec, model) -> Adapter:
+def _nnx_adapter(spec, model, order: list | None = None) -> Adapter:
     from flax import nnx
 
     model.train() if spec.train else model.eval()
     graphdef, state = nnx.split(model)
     flat = {tuple(map(str, path)): (path, variable) for path, variable in nnx.to_flat_state(state)}
-    flat = _in_definition_order(flat, model)
+    flat = _in_definition_order(flat, model, order)
     collections = {}
     for key, (_, variable) in flat.items():
         kind = "params" if isinstance(variable, nnx.Param) else "batch_stats" if isinstance(variable, nnx.BatchStat) else None
@@ -704,7 +807,8 @@ def _equinox_adapter(spec, made, seed: int = 0) -> Adapter:
     model = eqx.nn.inference_mode(model, value=not spec.train)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(model, is_leaf=lambda x: isinstance(x, eqx.nn.StateIndex))
     arrays = {tuple(_key_name(k) for k in path): (i, leaf) for i, (path, leaf) in enumerate(leaves)
-              if eqx.is_inexact_array(leaf)}
+              if eqx.is_inexact_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct) and np.issubdtype(leaf.dtype,
+                                                                                                       np.inexact)}
     arrays = _in_definition_order(arrays, model)
     modules = _modules_by_path(model, lambda m: isinstance(m, eqx.Module))
     stateful = _equinox_state_leaves(modules, _clone(state)) if state is not None else {}

@@ -412,15 +412,41 @@ def shapes_of_paired(variables: dict, pairings: list[Pairing]) -> dict:
     """``variables`` with each leaf that PyTorch's tensors fill entirely (every layer of a stacked leaf) as its shape and
     dtype: every step's variables are made from PyTorch's tensors, and the port's own initial values of those leaves
     are not held (half a gigabyte for a model of 124M parameters)."""
+    out = {k: dict(v) for k, v in variables.items()}
+    for collection, path in _filled(variables, pairings):
+        leaf = leaf_at(out[collection], path)
+        out[collection] = _set(out[collection], path, jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype))
+    return out
+
+
+def _filled(variables: dict, pairings: list[Pairing]) -> set[tuple[str, tuple[str, ...]]]:
+    """(collection, path) of each leaf of ``variables`` that PyTorch's tensors fill entirely (a stacked leaf: every
+    layer of it)."""
     layers: dict[tuple, set] = {}
     for p in pairings:
         layers.setdefault((p.collection, p.jax_path), set()).add(p.index)
-    out = {k: dict(v) for k, v in variables.items()}
+    filled = set()
     for (collection, path), indices in layers.items():
-        leaf = leaf_at(out[collection], path)
+        leaf = leaf_at(variables[collection], path)
         if indices == {None} or indices == set(range(np.shape(leaf)[0] if np.ndim(leaf) else 0)):
-            out[collection] = _set(out[collection], path, jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype))
-    return out
+            filled.add((collection, path))
+    return filled
+
+
+def all_filled(variables: dict, pairings: list[Pairing]) -> bool:
+    """Whether PyTorch's tensors fill every leaf of the port's ``variables`` entirely: no value of the port's own is
+    used."""
+    filled = _filled(variables, pairings)
+    return all((collection, path) in filled for collection, tree in variables.items()
+               for path, _ in _leaves(tree))
+
+
+def _leaves(tree, prefix: tuple[str, ...] = ()):
+    for name, value in tree.items():
+        if isinstance(value, dict) or hasattr(value, "items") and not hasattr(value, "shape"):
+            yield from _leaves(value, (*prefix, str(name)))
+        else:
+            yield (*prefix, str(name)), value
 
 
 def variables_from_torch(model: torch.nn.Module | dict, pairings: list[Pairing], variables: dict, dtype) -> dict:

@@ -12,7 +12,7 @@ from functional_gan.errors import UserError
 
 from . import apis
 from .memory import MemoryPolicy, estimate, estimate_before_building, parameter_count
-from .pairing import default_from_jax, default_to_jax, shapes_of_paired, tied_tensors, transfer
+from .pairing import all_filled, default_from_jax, default_to_jax, shapes_of_paired, tied_tensors, transfer
 from .run import PERMUTED_RUNS, Run
 from .spec import Spec, SpecError, differentiated_inputs
 from .torch_side import make_torch_side, other_layout, side_dtype
@@ -81,6 +81,8 @@ def prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, ..
         raise SpecError(str(error)) from error
     from_jax = spec.from_jax or (default_from_jax if adapter.channels_last else np.asarray)
     pairings = transfer(reference_model, adapter.variables, spec.param_map, adapter.kinds)
+    if adapter.materialise is not None and not all_filled(adapter.variables, pairings):  # the port's own values used
+        adapter.variables = adapter.materialise()
     adapter.variables = shapes_of_paired(adapter.variables, pairings)
     tied = tied_tensors(reference_model)
     layer_paths = {p.torch_key.rsplit(".", 1)[0] if "." in p.torch_key else "": p.layer for p in pairings}
