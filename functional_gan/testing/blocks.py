@@ -76,7 +76,15 @@ class BlockReport:
         return next((v for v in (Verdict.DIVERGENCE, Verdict.PRECISION_FINDING) if v in outcomes), Verdict.AGREEMENT)
 
     def exit_status(self, allow_precision: bool | None = None) -> int:
-        """1 if a block diverges, else 3 if a block has precision findings (0 with ``allow_precision``), else 0."""
+        """1 if a block diverges, else 3 if a block has precision findings (0 with ``allow_precision``), else 0.
+
+        Args:
+            allow_precision: precision findings alone exit 0; None (the default) takes the report's own
+                ``allow_precision``.
+
+        Returns:
+            The exit status of the worst part, the rest of the model's check included: 0, 1 or 3.
+        """
         allow = self.allow_precision if allow_precision is None else allow_precision
         return EXIT_AGREEMENT if self.outcome is Verdict.PRECISION_FINDING and allow else self.outcome.exit_status
 
@@ -366,6 +374,15 @@ class Keywords:
 
     @classmethod
     def of(cls, kwargs: dict) -> "Keywords":
+        """The keyword arguments a block was called with, kept as a :class:`Keywords`.
+
+        Args:
+            kwargs: the block's keyword arguments as PyTorch's forward pre-hook received them.
+
+        Returns:
+            A :class:`Keywords`: the tensors detached and copied to NumPy arrays in flattened order, a key/value cache
+            replaced by None, every other leaf kept as it was.
+        """
         from torch.utils import _pytree
 
         flat, structure = _pytree.tree_flatten(dict(kwargs))
@@ -380,7 +397,15 @@ class Keywords:
         return dataclasses.replace(self, arrays=[_narrowed(a) for a in self.arrays])
 
     def rebuilt(self, arrays) -> dict:
-        """The keyword arguments with ``arrays`` where the tensors were."""
+        """The keyword arguments with ``arrays`` where the tensors were.
+
+        Args:
+            arrays: the values put in the tensors' places, in the order of :attr:`arrays` (tensors or arrays); a place
+                without one stays None.
+
+        Returns:
+            The keyword arguments as a dict, in the structure PyTorch's model passed them.
+        """
         from torch.utils import _pytree
 
         flat = list(self.leaves)

@@ -20,7 +20,15 @@ if TYPE_CHECKING:
 
 def name_port_islands(run: Run, islands: dict, rows: list[Row]) -> None:
     """One note per island of the port: where its step narrows (the module, where the name stack says it), and the
-    first layer whose output its error reaches (more than a thousand float64 ulps of the scale)."""
+    first layer whose output its error reaches (more than a thousand float64 ulps of the scale).
+
+    Args:
+        run: the check's :class:`.run.Run`; its ``notes`` take one line per island.
+        islands: the port's islands, {module path of JAX's name stack: the narrow dtype's name}
+            (:func:`.widen.islands`).
+        rows: the rows judged up to the gradients; where an island's module is not named, the first forward row whose
+            island noise exceeds a thousand float64 ulps of its scale is named instead.
+    """
     shown = next((r.name for r in rows if r.key[0] == "forward" and (r.island_noise or 0.0) > 1e3 * EPS64), None)
     seen_at = f"; its error first shows at forward {shown}" if shown else ""
     for where, narrow in island_pattern(islands).items():
@@ -37,7 +45,19 @@ FLAX_BATCHNORM = ("flax.linen.normalization.BatchNorm", "flax.nnx.nn.normalizati
 
 
 def known_causes(run: Run, rows: list[Row], other_rows: list[Row]) -> dict:
-    """A known cause for divergences at a running statistic of Flax's own BatchNorm, read off the port's module."""
+    """A known cause for divergences at a running statistic of Flax's own BatchNorm, read off the port's module.
+
+    Args:
+        run: the check's :class:`.run.Run`: its pairing and the port's module classes are read, and its spec's
+            optimizers probed (:func:`optimizer_differences`).
+        rows: the judged program's rows.
+        other_rows: the other program's rows, whose divergences at an input's gradient or a buffer get hints too.
+
+    Returns:
+        {(stage, name): a known cause, in words} for the divergences it explains: an input's gradient (a path that only
+        it takes cut or changed), a buffer of Flax's own BatchNorm, and, where ``rows`` diverge at updates alone, each
+        of those updates with the optimizers' differences (where the probes find any).
+    """
     modules = {p.torch_key: p.jax_path[:-1] for p in run.pairings}
     hints = {}
     for row in rows + other_rows:
@@ -67,7 +87,16 @@ def optimizer_differences(run: Run) -> list[str]:
     hyperparameter: a weight of 1 and a zero gradient (a decoupled weight decay: lr × weight_decay), a weight of 0 and
     a gradient of 1 (the step size: the learning rate), a gradient of 1e-8 beside it (Adam's ε: ``g / (|g| + ε)``),
     and the gradients 1, -2, 0.5 in turn (the momentum: SGD's or Adam's betas). What differs is said, in that order;
-    nothing where either optimizer cannot be run so (one that needs more than a list of parameters)."""
+    nothing where either optimizer cannot be run so (one that needs more than a list of parameters).
+
+    Args:
+        run: the check's :class:`.run.Run`; its spec's ``torch_optimizer`` and ``jax_optimizer`` are built afresh for
+            each probe (a float64 PyTorch weight, a float32 port's).
+
+    Returns:
+        One sentence per difference found: the learning rate, then the weight decay; where the learning rates agree, the
+        epsilon, and the momentum where nothing else differs. Empty where nothing differs or a probe raised.
+    """
     import optax
 
     def torch_steps(start, grads):
@@ -132,7 +161,17 @@ def optimizer_differences(run: Run) -> list[str]:
 def lopsided_gradients(rows: list[Row], apart: float = 10.0) -> list[str]:
     """Where a divergence reaches the weight gradients of sibling layers (one parent module) unevenly, some ``apart``
     times further off than the nearest, a line saying so: the mistake lies on the far ones' path alone (queries' and
-    keys' projections far worse than values': between them and the attention scores, a rotary embedding say)."""
+    keys' projections far worse than values': between them and the attention scores, a rotary embedding say).
+
+    Args:
+        rows: the judged rows; only the diverging gradients of weights (names ending in ``.weight``, with a parent
+            module) are read.
+        apart: how many times the nearest sibling's error a weight gradient's error must be to count as far.
+
+    Returns:
+        One sentence per parent module with three or more diverging weight gradients, some of them ``apart`` times
+        further from PyTorch's than the nearest and at least two not.
+    """
     groups: dict[str, list[Row]] = {}
     for row in rows:
         if row.diverged and row.key[0] == "gradient" and row.name.endswith(".weight") and row.name.count(".") >= 2:
@@ -156,7 +195,17 @@ def lopsided_gradients(rows: list[Row], apart: float = 10.0) -> list[str]:
 def verified_causes(run: Run, rows: list[Row]) -> dict:
     """Per cause switched off (:attr:`Run.counterfactuals`): the judged rows beyond their allowance whose excess over
     it goes away without the cause, at least nine tenths of it ("fell"; the rest may have a cause of its own), and those
-    whose excess stays ("stayed"), each ``(stage, name) → (ratio, ratio without)``."""
+    whose excess stays ("stayed"), each ``(stage, name) → (ratio, ratio without)``.
+
+    Args:
+        run: the check's :class:`.run.Run`; its ``counterfactuals`` ({cause switched off: {(stage, name): the row
+            without it}}) are read.
+        rows: the judged program's rows.
+
+    Returns:
+        {the cause as the report names it (``"use_fast_variance=True"``, ``"optax's float32 bias corrections"``):
+        {"fell": ..., "stayed": ...}}; empty where no counterfactual ran.
+    """
     verified = {}
     for cause, counter in run.counterfactuals.items():
         label = {"use_fast_variance=False": "use_fast_variance=True",

@@ -188,6 +188,16 @@ class _PortSteps:
 
     @classmethod
     def of(cls, run: Run, programs: tuple[str, ...], steps: int) -> _PortSteps:
+        """The port's step functions for a check, built once before its first step.
+
+        Args:
+            run: the check's :class:`.run.Run` (its adapter, spec, dtype and memory policy).
+            programs: the JAX programs run, the first judged (``"jit"``, ``"eager"``).
+            steps: how many optimizer steps the check compares.
+
+        Returns:
+            A :class:`_PortSteps` before any step: no optimizer state, each program's own state None, no rows.
+        """
         optimizer = run.spec.jax_optimizer() if run.spec.jax_optimizer else None
         step_fn = jax_step_function(run.adapter, run.spec, optimizer)
         twin_step = jax_step_function(run.adapter, run.spec, None)
@@ -225,12 +235,28 @@ class _Step:
     wide: dict | None = None  # float64: the port's program with its float32 islands in float64
 
     def reference_gradients(self, run: Run) -> None:
-        """PyTorch64's gradients, computed again where they were let go."""
+        """PyTorch64's gradients, computed again where they were let go.
+
+        Args:
+            run: the check's :class:`.run.Run`, whose reference model computes them again
+                (:func:`.torch_side.recomputed_gradients`) into this step's ``seen``.
+        """
         if self.seen["ref"]["grads"] is None:
             self.seen["ref"]["grads"] = recomputed_gradients(run)
 
     def start(self, run: Run, port: _PortSteps, own: dict | None, width=None) -> dict:
-        """A start of the port's step: PyTorch64's parameters as the step started, the port's ``own`` state."""
+        """A start of the port's step: PyTorch64's parameters as the step started, the port's ``own`` state.
+
+        Args:
+            run: the check's :class:`.run.Run`.
+            port: the port's steps; its ``width`` is the default dtype.
+            own: the program's own state after its previous step (``batch_stats``, ``carry``), or None at the first
+                step.
+            width: the floating-point dtype of the start (default: ``port.width``, the check's).
+
+        Returns:
+            The port's variables the step starts from, as :func:`.jax_side.start_of_step` makes them.
+        """
         return start_of_step(run, port.width if width is None else width, own, self.params_state)
 
 

@@ -62,7 +62,19 @@ def _files(folder: Path) -> list[Path]:
 
 def read_weights(path: str | os.PathLike, model) -> dict:
     """The ``state_dict`` in ``path`` as tensors for ``model`` (a PyTorch module), or a :class:`ConvertError` naming
-    every key missing or unexpected and every shape that differs."""
+    every key missing or unexpected and every shape that differs.
+
+    Args:
+        path: a ``.safetensors`` file, or a file saved with ``torch.save`` (read with
+            ``torch.load(weights_only=True)``).
+        model: the PyTorch model the state_dict is for.
+
+    Returns:
+        {key: a CPU tensor in the dtype of the model's own entry}, one per key of the file.
+
+    Raises:
+        ConvertError: the file cannot be read as a state_dict, or its keys or shapes differ from ``model``'s.
+    """
     import torch
 
     from functional_gan.state_dicts import CheckpointFormatError, load_state_dict_file
@@ -168,7 +180,22 @@ def _plain(tree):
 def write_converted(out: str | os.PathLike, api: str, exported, record: dict, overwrite: bool = False) -> Path:
     """The folder ``out``: the weights in ``api``'s format and ``converted.json`` (``record`` with the files'
     SHA-256 added). Written into a temporary folder beside it and renamed into place: whatever fails on the way
-    (a full disk), ``out`` is as it was."""
+    (a full disk), ``out`` is as it was.
+
+    Args:
+        out: the folder to write.
+        api: the port's API as the report names it (``"Flax Linen"``, ``"Flax NNX"``, ``"Equinox"``; any other is
+            written as a plain parameter tree, ``{"params": ..., "state": ...}``, to safetensors).
+        exported: the port holding the weights, as its API keeps it (the report's ``converted``).
+        record: what ``converted.json`` says besides the files (:func:`record_of`); ``format`` and ``files`` are added.
+        overwrite: replace an existing non-empty ``out``.
+
+    Returns:
+        ``out``, as a :class:`~pathlib.Path`.
+
+    Raises:
+        ConvertError: ``out`` exists and is not an empty folder, and ``overwrite`` is False.
+    """
     out = Path(out)
     refuse_existing(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -234,7 +261,15 @@ def convert(spec: Spec, weights: str | os.PathLike, out: str | os.PathLike, over
 
 
 def refuse_existing(out: str | os.PathLike, overwrite: bool) -> None:
-    """A :class:`ConvertError` if ``out`` exists and is not an empty folder, unless ``overwrite``."""
+    """A :class:`ConvertError` if ``out`` exists and is not an empty folder, unless ``overwrite``.
+
+    Args:
+        out: the folder to be written.
+        overwrite: an existing ``out`` may be replaced.
+
+    Raises:
+        ConvertError: ``out`` exists (a file, or a folder with anything in it) and ``overwrite`` is False.
+    """
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConvertError(f"{out} exists and is not empty: nothing written (pass --overwrite to replace it)")
@@ -242,7 +277,17 @@ def refuse_existing(out: str | os.PathLike, overwrite: bool) -> None:
 
 def record_of(report, spec, weights: str | os.PathLike | None) -> dict:
     """What ``converted.json`` says besides the files: the API, the spec, the weights read and their SHA-256, the
-    pairing table, the verdict with its worst ratio to PyTorch's own error, the versions."""
+    pairing table, the verdict with its worst ratio to PyTorch's own error, the versions.
+
+    Args:
+        report: the check's :class:`.report.Report`.
+        spec: the :class:`.spec.Spec` checked (its ``name`` is recorded).
+        weights: the weights file read (its SHA-256 is taken), or None where ``torch_model()``'s own initialisation is
+            converted.
+
+    Returns:
+        A JSON-ready dict: ``api``, ``spec``, ``weights``, ``pairing``, ``tied``, ``verdict`` and ``versions``.
+    """
     ratios = [r.ratio for r in report.rows if r.ratio is not None]
     worst = max(ratios) if ratios else None
     return {

@@ -27,7 +27,19 @@ def jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state: 
 
     ``opt_state`` None: the optimizer's initial state, made inside (not held beside the step as an input).
     ``keep_state`` False: the optimizer's state after the step is not returned (a check's last step: no step follows;
-    Adam's state over 124M parameters is 2 GB in float64)."""
+    Adam's state over 124M parameters is 2 GB in float64).
+
+    Args:
+        adapter: the port in one form (:class:`.apis.Adapter`).
+        spec: the spec: its ``OUTPUT``, ``from_jax``, ``jax_loss``, ``INPUT_GRADIENTS`` and ``positional`` are read.
+        optimizer: the port's optax transformation, or None: a step without an update (the float64 twin).
+        keep_state: the step returns the optimizer's state after it.
+
+    Returns:
+        ``step(variables, inputs, targets, opt_state)``, returning a dict: ``output``, ``layers`` (by the port's path),
+        ``batch_stats`` and ``carry``; with a loss, ``loss`` and ``grads`` (and ``input_grads`` by position with
+        ``INPUT_GRADIENTS``); with an optimizer, ``params`` after the update (and ``opt_state`` with ``keep_state``).
+    """
 
     def step(variables, inputs, targets, opt_state):
         # ``variables``: params (PyTorch's, each step), batch_stats and the adapter's "carry" (the port's own state,
@@ -76,7 +88,17 @@ def jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state: 
 def check_dtypes(seen: dict, dtype: str, run) -> None:
     """The port's outputs are in the precision asked, or a PortDtypeError names the first layer that is not. In float64
     a layer that computes in float32 inside a model whose output is float64 is an island, not refused: the check
-    measures its error (:mod:`.widen`) and judges what follows against it."""
+    measures its error (:mod:`.widen`) and judges what follows against it.
+
+    Args:
+        seen: the port's outcome of one step (its ``layers`` by the port's path, its ``output``).
+        dtype: the check's dtype, ``"float32"`` or ``"float64"``.
+        run: the check's :class:`.run.Run` (PyTorch's modules in order, and the port's path of each).
+
+    Raises:
+        PortDtypeError: a paired layer's output or the model's output holds a floating-point array of another dtype than
+            ``dtype`` (in float64, only where the model's output itself is not float64); the message names the first.
+    """
     torch_order = [n for n, _ in run.sides["ref"][0].named_modules() if n in run.layer_paths]
     layer_paths = run.layer_paths
     def wrong(value) -> str | None:  # read off the arrays the port returned (a Python number has no dtype of its own)
@@ -102,14 +124,31 @@ def check_dtypes(seen: dict, dtype: str, run) -> None:
 
 
 def port_islands_run(run: Run, step_function, start: dict) -> dict:
-    """The port's step without its optimizer, compiled, with its lower-precision islands computed in float64."""
+    """The port's step without its optimizer, compiled, with its lower-precision islands computed in float64.
+
+    Args:
+        run: the check's :class:`.run.Run` (the inputs and targets on the JAX side).
+        step_function: the port's step without its optimizer (:func:`jax_step_function` with no optimizer).
+        start: the variables the step starts from.
+
+    Returns:
+        The step's outcome, fetched from the device (:func:`collected`).
+    """
     wide = jax.jit(widen.widened(step_function))
     return collected(run, lambda: wide(start, run.jax_inputs, run.jax_targets, None))
 
 
 
 def narrowed(tree):
-    """``tree`` as a float32 program takes it: floating-point leaves in float32, integers in int32."""
+    """``tree`` as a float32 program takes it: floating-point leaves in float32, integers in int32.
+
+    Args:
+        tree: a pytree of arrays (NumPy, JAX) or numbers.
+
+    Returns:
+        The tree with its leaves as NumPy arrays: floating-point ones in float32, clipped to its range; integers of more
+        than 32 bits in int32; the rest in their own dtype. PRNG keys are kept as they are.
+    """
     def narrow(a):
         if jax.dtypes.issubdtype(getattr(a, "dtype", np.float64), jax.dtypes.prng_key):  # a key (NNX's Rngs)
             return a
@@ -126,7 +165,16 @@ def port_variant(run: Run, function, start: dict) -> dict:
     """float64: the port's program without its optimizer, run in float32 from the same start (64-bit types off, so
     that a dtype the port fixes to its inputs' computes in float32 too). Rounding error scales with the unit roundoff:
     the same summation orders and cancellations in float64 err 2⁻²⁹ times as much, so ``|JAX₃₂ − JAX₆₄| · 2⁻²⁹``
-    estimates the port's own float64 error, XLA's sums included, as PyTorch's float32 run estimates PyTorch's."""
+    estimates the port's own float64 error, XLA's sums included, as PyTorch's float32 run estimates PyTorch's.
+
+    Args:
+        run: the check's :class:`.run.Run` (the inputs and targets on the JAX side).
+        function: the port's step without its optimizer, compiled or not.
+        start: the float64 start; it, the inputs and the targets are narrowed to float32 first (:func:`narrowed`).
+
+    Returns:
+        The float32 program's outcome, fetched from the device (:func:`collected`).
+    """
     start, inputs, targets = narrowed((start, run.jax_inputs, run.jax_targets))
     with jax.enable_x64(False), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Explicitly requested dtype float64")  # a dtype the port fixes
@@ -137,13 +185,38 @@ def port_variant(run: Run, function, start: dict) -> dict:
 
 def noise_program(programs: tuple[str, ...]) -> str:
     """The program whose float64 twin measures JAX's own float32 error: op by op where it runs (a fault of the
-    compiler alone then never reads as rounding), else the compiled one."""
+    compiler alone then never reads as rounding), else the compiled one.
+
+    Args:
+        programs: the programs the check runs (``"jit"``, ``"eager"``).
+
+    Returns:
+        ``"eager"`` where it is among ``programs``, else the first of them.
+    """
     return "eager" if "eager" in programs else programs[0]
 
 
 
 def run_program(run: Run, function, program: str, before: dict, opt_state, first: bool) -> dict:
-    """One step of the port by ``function``; on the first call, a port that raises is a spec the checker cannot use."""
+    """One step of the port by ``function``; on the first call, a port that raises is a spec the checker cannot use.
+
+    Args:
+        run: the check's :class:`.run.Run`.
+        function: the program's step, ``(variables, inputs, targets, opt_state) -> outcome``.
+        program: ``"jit"`` or ``"eager"``, as the error message names it.
+        before: the variables the step starts from.
+        opt_state: the optimizer's state as the step starts, or None (made inside the step).
+        first: the check's first run of the port: an exception it raises is said as a :class:`.spec.SpecError` (later,
+            it propagates as it is).
+
+    Returns:
+        The step's outcome, fetched from the device (:func:`collected`).
+
+    Raises:
+        SpecError: the port's step raised on the ``first`` run (its type and first line said, with a hint where an
+            Equinox port lacks ``PER_SAMPLE`` or inputs were moved channels-last by default), or it raised a SpecError
+            while it was traced (raised again without JAX's note on its traceback).
+    """
     trim()  # what the step's start and the previous program freed, handed back before this one allocates
     try:
         return collected(run, lambda: function(before, run.jax_inputs, run.jax_targets, opt_state))
@@ -168,7 +241,17 @@ def float64_twin(run: Run, function, make_before: Callable[[], dict], compile_fi
     """A program's step without its optimizer, in float64 from the same start (PyTorch64's parameters and buffers, made
     by ``make_before``), for JAX's own float32 error up to the gradients. ``compile_first`` (a jitted ``function``):
     compiled before its start is made, from the shapes of a start made and let go first, so that XLA's compilation
-    does not run beside the start's float64 parameters (GPT-2's: 1 GB)."""
+    does not run beside the start's float64 parameters (GPT-2's: 1 GB).
+
+    Args:
+        run: the check's :class:`.run.Run` (the inputs and targets, widened to float64).
+        function: the program's step without its optimizer (jitted where ``compile_first``).
+        make_before: makes the float64 start; called twice where ``compile_first``.
+        compile_first: compile ``function`` from the start's shapes before the start it runs from is made.
+
+    Returns:
+        The float64 outcome, fetched from the device (:func:`collected`).
+    """
     with jax.enable_x64(True):
         inputs, targets = floats_in((run.jax_inputs, run.jax_targets), jnp.float64)
         if compile_first:
@@ -190,7 +273,15 @@ def float64_update(optimizer):
     softmax: 1e-19 in float64, 1e-9 in float32) into steps of different size, and a wrong update of 1% there would
     read as rounding. Compiled once per check; the float32 parameters, gradients and state are widened inside the
     compiled step, where XLA fuses the conversions into the update (no float64 copy of them is held: 2 GB on a model
-    of 124M parameters)."""
+    of 124M parameters).
+
+    Args:
+        optimizer: the port's optax transformation.
+
+    Returns:
+        ``update(params, grads, opt_state) -> {"params": the parameters after the step, float64 NumPy arrays}``;
+        ``opt_state`` None: the optimizer's initial state, made inside.
+    """
     import optax
 
     @jax.jit
@@ -234,7 +325,15 @@ def bias_corrections_exact():
 
 def update_with_exact_bias_corrections(optimizer):
     """``(params, grads, opt_state) -> {"params": ...}``: the port's optimizer step, its bias corrections exact
-    (:func:`bias_corrections_exact`), in the check's dtype."""
+    (:func:`bias_corrections_exact`), in the check's dtype.
+
+    Args:
+        optimizer: the port's optax transformation.
+
+    Returns:
+        ``update(params, grads, opt_state) -> {"params": the parameters after the step, fetched from the device}``;
+        ``opt_state`` None: the optimizer's initial state.
+    """
     import optax
 
     def update(params, grads, opt_state):
@@ -248,7 +347,15 @@ def update_with_exact_bias_corrections(optimizer):
 
 
 def floats_in(tree, width):
-    """``tree`` with its floating-point leaves in ``width`` (the rest as they are)."""
+    """``tree`` with its floating-point leaves in ``width`` (the rest as they are).
+
+    Args:
+        tree: a pytree of arrays or numbers.
+        width: the floating-point dtype, such as ``jnp.float64``.
+
+    Returns:
+        The tree, its floating-point leaves as JAX arrays of ``width``, the others unchanged.
+    """
     return jax.tree_util.tree_map(
         lambda a: jnp.asarray(a, width) if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
 
@@ -256,7 +363,15 @@ def floats_in(tree, width):
 
 def collected(run: Run, call) -> dict:
     """A program's outcome fetched from the device, with the outputs of the layers the port runs inside its own
-    transformations (which leave through callbacks while it runs) assembled into its per-layer outputs."""
+    transformations (which leave through callbacks while it runs) assembled into its per-layer outputs.
+
+    Args:
+        run: the check's :class:`.run.Run` (PyTorch's layer shapes and the port's path of each layer).
+        call: runs the program, with no arguments, and returns its outcome (a dict with ``layers``).
+
+    Returns:
+        The outcome as NumPy arrays (``jax.device_get``), its ``layers`` completed with the nested layers' outputs.
+    """
     with apis.nested_outputs() as nested:
         outcome = jax.device_get(call())
     if nested:
@@ -270,7 +385,18 @@ def collected(run: Run, call) -> dict:
 def start_of_step(run: Run, width, own: dict | None, state: dict | None = None) -> dict:
     """The variables a step of the port starts from: PyTorch64's parameters (in ``width``; read from the reference,
     or from ``state``, its state_dict as the step started), and the port's own state after its previous step (``own``;
-    on the first step, the statistics PyTorch starts from and the port's initial state)."""
+    on the first step, the statistics PyTorch starts from and the port's initial state).
+
+    Args:
+        run: the check's :class:`.run.Run` (its reference model, pairing and the port's variables).
+        width: the floating-point dtype of the parameters and of the port's own state.
+        own: the port's own state after its previous step (``batch_stats``, ``carry``), or None at the first step.
+        state: PyTorch64's state_dict as the step started; None reads the reference model as it is.
+
+    Returns:
+        The port's variables: ``params``, PyTorch64's moved by the pairing; ``batch_stats``, PyTorch64's at the first
+        step, else the port's own; and ``carry``.
+    """
     start = variables_from_torch(run.sides["ref"][0] if state is None else state, run.pairings, run.adapter.variables,
                                  width)
     if own is None:
@@ -281,7 +407,16 @@ def start_of_step(run: Run, width, own: dict | None, state: dict | None = None) 
 
 def first_narrow(outcome: dict, run: Run) -> tuple[str, str] | None:
     """(where, dtype) of the first floating-point value of the float64 twin's outcome that is not float64 (its layers
-    in PyTorch's order, its output, its gradients), or None."""
+    in PyTorch's order, its output, its gradients), or None.
+
+    Args:
+        outcome: the float64 twin's outcome.
+        run: the check's :class:`.run.Run` (the port's path of each of PyTorch's layers).
+
+    Returns:
+        ``(where, the dtype's name)``, ``where`` a PyTorch layer's name, ``"its output"`` or ``"its gradients"``; or
+        None.
+    """
     places = [(name or "(model)", outcome["layers"].get(path)) for name, path in run.layer_paths.items()]
     places += [("its output", outcome["output"]), ("its gradients", outcome.get("grads"))]
     for where, value in places:
@@ -296,7 +431,15 @@ def first_narrow(outcome: dict, run: Run) -> tuple[str, str] | None:
 def unshared(tree, beside=None):
     """``tree`` with each array that it holds twice copied at its later places (an optimizer's init may give its first
     and second moments one zeros array), and each that ``beside`` holds (the parameters an init may keep as they are):
-    each leaf a buffer of its own, which a donated argument needs."""
+    each leaf a buffer of its own, which a donated argument needs.
+
+    Args:
+        tree: a pytree of JAX arrays (an optimizer's state).
+        beside: a pytree whose arrays ``tree`` must not share (the parameters), or None.
+
+    Returns:
+        ``tree``, each array already met (earlier in ``tree``, or in ``beside``) replaced by a copy of its own.
+    """
     seen = {id(leaf) for leaf in jax.tree_util.tree_leaves(beside)}
 
     def own(leaf):
@@ -332,7 +475,16 @@ class CompiledStep:
         self.compiled = {}
 
     def with_state(self, make_state: Callable | None):
-        """The step's function; ``make_state``: the optimizer's state made for this step (else the state is given)."""
+        """The step's function; ``make_state``: the optimizer's state made for this step (else the state is given).
+
+        Args:
+            make_state: makes the optimizer's state for this step (its first), called once the program is compiled;
+                None: the state is the ``opt_state`` given to the returned function.
+
+        Returns:
+            ``call(variables, inputs, targets, opt_state) -> outcome`` (on the device, not fetched), compiled on its
+            first call for each signature of its arguments; with ``make_state``, its ``opt_state`` argument is not read.
+        """
 
         def call(variables, inputs, targets, opt_state):
             params = variables["params"]

@@ -107,7 +107,16 @@ class TwinMeasured(float):
 
 def relative_error(values, reference, scale: float | None = None) -> Measured:
     """``max |values − reference| / scale`` (by default the reference's largest magnitude, 1 where it is 0): a
-    quantity's error as :func:`compare` measures it, to be passed there as a :class:`Measured`."""
+    quantity's error as :func:`compare` measures it, to be passed there as a :class:`Measured`.
+
+    Args:
+        values: the values measured (anything NumPy reads), widened to float64.
+        reference: the float64 reference, of the same shape.
+        scale: the divisor; None: the reference's largest magnitude (1 where it is 0).
+
+    Returns:
+        The error as a :class:`Measured`; 0 where the reference is empty.
+    """
     reference = np.asarray(reference, np.float64)
     if not reference.size:
         return Measured(0.0)
@@ -235,7 +244,16 @@ def _at_least_ulps(noise: float, dtype: str = "float32") -> float:
 
 
 def allowance(noise: float, k: float = DEFAULT_K, dtype: str = "float32") -> float:
-    """The largest error (relative to a tensor's scale) a port may have: k × PyTorch's own, at least 4 ulps."""
+    """The largest error (relative to a tensor's scale) a port may have: k × PyTorch's own, at least 4 ulps.
+
+    Args:
+        noise: PyTorch's own error, relative to the tensor's scale.
+        k: the multiple of the noise allowed.
+        dtype: ``"float32"`` (a floor of :data:`ULPS` float32 ulps) or ``"float64"`` (:data:`ULPS64` float64 ulps).
+
+    Returns:
+        ``k × max(noise, the floor)``, relative to the tensor's scale.
+    """
     return k * _at_least_ulps(noise, dtype)
 
 
@@ -266,6 +284,27 @@ def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float 
     lower-precision islands removed (:mod:`functional_gan.testing.widen`), as :class:`TwinMeasured` differences: the
     error the port's own casts to float32 make, counted in full (the port computes there in float32 by design, and
     is judged against that precision, as PyTorch's own islands are through ``noisy``).
+
+    Args:
+        stage: the row's stage (``"forward"``, ``"output"``, ``"loss"``, ``"gradient"``, ``"update"``, ``"buffer"``).
+        name: the quantity's name (a layer's path, a tensor's key).
+        port: the port's values, in the reference's layout.
+        reference: PyTorch's float64 values.
+        noisy: PyTorch's results in ``dtype`` (arrays, or their :class:`Measured` errors).
+        dtype: ``"float32"`` or ``"float64"``.
+        k: the allowance, in multiples of PyTorch's own error.
+        tolerance: a fixed allowance relative to the scale, instead of ``k`` × the noise.
+        port_shape: the port's own shape, recorded where the shapes differ.
+        jax_noisy: the port's own (float32, float64) pairs, as above (float32 only).
+        twin_reference: the float64 program's reference, where it differs from ``reference``.
+        float64_noise: in float64, judge against ``noisy`` (with ``port_noisy`` and ``island_noisy``) rather than the
+            fixed tolerance.
+        port_noisy: the port's own float64 error, as above.
+        island_noisy: the port's islands' error, as above.
+
+    Returns:
+        The :class:`Row`: the error, PyTorch's own, the allowance, the scale and both values where they differ most;
+        where the shapes differ, both shapes and an infinite error.
     """
     port = np.asarray(port, np.float64)
     reference = np.asarray(reference, np.float64)

@@ -101,6 +101,13 @@ class Phases:
         self.mark("start")
 
     def mark(self, name: str) -> None:
+        """The end of the phase ``name``: the garbage collected first (:func:`release`), then the resident memory and
+        the peak so far recorded, and written to standard error where the phases are announced and the check has run
+        :data:`ANNOUNCE_AFTER` seconds.
+
+        Args:
+            name: the phase, as the memory table names it.
+        """
         release()
         resident, peak = _status()
         self.marks.append(Phase(name, resident, peak, time.perf_counter() - self.start))
@@ -137,7 +144,11 @@ def op_programs_bounded(held: int = OP_PROGRAMS_HELD):
     """Within the block, JAX's caches are cleared (``jax.clear_caches``) before an operation dispatched op by op
     whenever ``held`` programs have been compiled since the last clearing. The compilations are counted with
     ``jax.monitoring``; the operations are met where JAX dispatches one (``jax._src.dispatch.xla_primitive_callable``,
-    JAX's own and not public: where a JAX version has it elsewhere, nothing is bounded and the run is as before)."""
+    JAX's own and not public: where a JAX version has it elsewhere, nothing is bounded and the run is as before).
+
+    Args:
+        held: how many programs may be compiled between two clearings of JAX's caches.
+    """
     import jax
     from jax import monitoring
 
@@ -196,6 +207,15 @@ class SizeEstimate:
     outside: float | None = None  # --by-block's check of the rest of the model (left out where it does not fit)
 
     def message(self, available: float) -> str:
+        """Why the check was not started, in one line.
+
+        Args:
+            available: the memory available, in bytes.
+
+        Returns:
+            The whole check's estimated peak against ``available``; where the model has a list of blocks, what
+            ``--by-block`` would need; and ``--no-memory-estimate``.
+        """
         bytes32 = self.parameters * 4
         line = (f"the whole-model check of this model ({_count(self.parameters)} parameters, {self.dtype}) needs about "
                 f"{self.whole / GIB:.0f} GiB at its peak (estimated: {WHOLE[self.dtype]:g} × its "
@@ -214,7 +234,15 @@ def _count(n: int) -> str:
 def estimate(model, dtype: str) -> SizeEstimate:
     """The whole check's peak and, where the model has a list of blocks (the largest ModuleList or Sequential of
     modules of one class), the block-by-block check's: the PyTorch model held while each block's inputs are recorded,
-    then one block's check (PyTorch's other blocks parked on disk), then the check of the parts outside the blocks."""
+    then one block's check (PyTorch's other blocks parked on disk), then the check of the parts outside the blocks.
+
+    Args:
+        model: the PyTorch model, built (or on the meta device: its shapes are enough).
+        dtype: the check's dtype, ``"float32"`` or ``"float64"``.
+
+    Returns:
+        A :class:`SizeEstimate`, in bytes; its ``by_block`` and ``outside`` None where the model has no list of blocks.
+    """
     import torch
 
     total = parameter_count(model)
@@ -237,12 +265,26 @@ def estimate(model, dtype: str) -> SizeEstimate:
 
 
 def parameter_count(model) -> int:
-    """The model's parameters, a tensor shared between modules (a tied embedding) counted once."""
+    """The model's parameters, a tensor shared between modules (a tied embedding) counted once.
+
+    Args:
+        model: a PyTorch module.
+
+    Returns:
+        The number of its parameters' elements.
+    """
     return sum({id(p): p.numel() for p in model.parameters()}.values())
 
 
 def outside_estimate(parameters: int) -> float:
-    """The peak of --by-block's check of the rest of the model, ``parameters`` outside the blocks (bytes)."""
+    """The peak of --by-block's check of the rest of the model, ``parameters`` outside the blocks (bytes).
+
+    Args:
+        parameters: the number of parameters outside the blocks.
+
+    Returns:
+        The estimated peak, in bytes.
+    """
     return BASELINE + OUTSIDE * 4 * parameters
 
 
@@ -261,7 +303,15 @@ def available() -> float | None:
 
 def estimate_before_building(torch_model, dtype: str) -> SizeEstimate | None:
     """:func:`estimate` of ``torch_model()`` built on PyTorch's meta device (shapes, no values: a 1B-parameter model in
-    a fraction of a second and no memory), or None where it cannot be built there (a model that loads weights)."""
+    a fraction of a second and no memory), or None where it cannot be built there (a model that loads weights).
+
+    Args:
+        torch_model: the spec's ``torch_model``, which builds the model with no arguments.
+        dtype: the check's dtype, ``"float32"`` or ``"float64"``.
+
+    Returns:
+        A :class:`SizeEstimate`, or None where building the model on the meta device (or estimating it) raised.
+    """
     import torch
 
     try:
@@ -296,17 +346,39 @@ class MemoryPolicy:
 
     def donates_fresh_state(self, parameter_bytes: int) -> bool:
         """Whether the compiled step's first call is given the optimizer's new state to write over
-        (:class:`.jax_side.CompiledStep`)."""
+        (:class:`.jax_side.CompiledStep`).
+
+        Args:
+            parameter_bytes: the PyTorch model's parameters, in float32 bytes.
+
+        Returns:
+            True above ``state_donated_above``.
+        """
         return parameter_bytes > self.state_donated_above
 
     def recomputes(self, gradients: dict) -> bool:
-        """Whether PyTorch64's ``gradients`` are let go while the port runs, and computed again when compared."""
+        """Whether PyTorch64's ``gradients`` are let go while the port runs, and computed again when compared.
+
+        Args:
+            gradients: PyTorch64's gradients by parameter name (arrays).
+
+        Returns:
+            True where their bytes together exceed ``recomputed_above``.
+        """
         return sum(np.asarray(g).nbytes for g in gradients.values()) > self.recomputed_above
 
     def programs_held(self, program: str, parameter_bytes: int):
         """While ``program`` runs: op by op, on a model of more than ``programs_let_go_above`` bytes of parameters, at
         most a bounded number of JAX's per-operation programs held (:func:`op_programs_bounded`); a smaller model's, or
-        a compiled program, nothing to bound."""
+        a compiled program, nothing to bound.
+
+        Args:
+            program: ``"jit"`` or ``"eager"``.
+            parameter_bytes: the PyTorch model's parameters, in float32 bytes.
+
+        Returns:
+            A context manager: :func:`op_programs_bounded`, or one that does nothing.
+        """
         if program == "eager" and parameter_bytes > self.programs_let_go_above:
             return op_programs_bounded()
         return contextlib.nullcontext()
@@ -316,7 +388,12 @@ class MemoryPolicy:
         caches of the programs it compiled for each operation (about 0.75 GB for a ResNet-50's step, kept until the
         process ends) are let go: the next program compiles its own. The compiled step then compiles again at the next
         step, a few seconds, for a peak a gigabyte lower on such a model. A smaller model's are kept (a check of a
-        0.1M-parameter port on 2 cores: 28 s → 25 s)."""
+        0.1M-parameter port on 2 cores: 28 s → 25 s).
+
+        Args:
+            program: the program that has run, ``"jit"`` or ``"eager"`` (only ``"eager"`` lets go).
+            parameter_bytes: the PyTorch model's parameters, in float32 bytes.
+        """
         if program == "eager" and parameter_bytes > self.programs_let_go_above:
             import jax
 

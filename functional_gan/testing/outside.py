@@ -129,6 +129,19 @@ def _port_call(held: _Held, all_arguments: bool, args, kwargs):
 
 
 def nnx_stand_in(recorded: Recorded, all_arguments: bool):
+    """The port's stand-in for one block: an NNX module that adds PyTorch's recorded offset to its first argument (or
+    gives the recorded output), its arguments tapped as the block's input.
+
+    Args:
+        recorded: what PyTorch's block did in the float64 run (:class:`Recorded`).
+        all_arguments: tap every floating-point argument, positional and keyword (the spec has ``block_to_jax``); False:
+            the first argument alone.
+
+    Returns:
+        An NNX module holding no variables, called as the port's block: its first argument plus the offset (the port's
+        layout of it, or PyTorch's moved channels-last where the shapes differ), a tuple padded with None where
+        PyTorch's block returned one.
+    """
     from flax import nnx
 
     class StandIn(nnx.Module):
@@ -146,7 +159,16 @@ def nnx_stand_in(recorded: Recorded, all_arguments: bool):
 
 def find_list(port, length: int, lists) -> tuple[Any, str] | None:
     """(the object holding the port's list of blocks, the attribute's name), where the port holds exactly one list of
-    ``length`` modules (``lists``: :func:`.blocks._module_lists`'s finding)."""
+    ``length`` modules (``lists``: :func:`.blocks._module_lists`'s finding).
+
+    Args:
+        port: the port's model.
+        length: the number of blocks.
+        lists: ``lists(port, length) -> [(dotted attribute path, modules)]``, as :func:`.blocks._module_lists`.
+
+    Returns:
+        ``(owner, attribute name)``, or None where the port holds no such list or more than one.
+    """
     found = lists(port, length)
     if len(found) != 1:
         return None
@@ -158,6 +180,12 @@ def find_list(port, length: int, lists) -> tuple[Any, str] | None:
 
 
 def replace_torch_blocks(model: torch.nn.Module, stand_ins: dict[str, torch.nn.Module]) -> None:
+    """Each named block of PyTorch's ``model`` replaced by its stand-in, in place.
+
+    Args:
+        model: PyTorch's model.
+        stand_ins: {a block's dotted module name: the module put in its place (a :class:`TorchStandIn`)}.
+    """
     for name, stand_in in stand_ins.items():
         parent, _, last = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, last, stand_in)

@@ -29,7 +29,14 @@ from .judge import Row
 
 
 def start_of(findings: list[Row]) -> Row | None:
-    """Where the imprecision starts: the first forward (or output) row among the findings, else the first one."""
+    """Where the imprecision starts: the first forward (or output) row among the findings, else the first one.
+
+    Args:
+        findings: the precision findings (or notes), in the report's order.
+
+    Returns:
+        That row, or None where ``findings`` is empty.
+    """
     for row in findings:
         if row.stage in ("forward", "output"):
             return row
@@ -37,6 +44,15 @@ def start_of(findings: list[Row]) -> Row | None:
 
 
 def uses_adam(opt_state) -> bool:
+    """Whether an optax state holds an Adam-family or Lion state: a named tuple with ``mu`` whose class's name has
+    ``Adam`` or ``Lion`` in it.
+
+    Args:
+        opt_state: the optimizer's state, or its shapes (``jax.eval_shape`` of its ``init``), or None.
+
+    Returns:
+        True where it holds one.
+    """
     names = {type(node).__name__ for node in jax.tree_util.tree_leaves(
         opt_state, is_leaf=lambda n: hasattr(n, "_fields") and hasattr(n, "mu"))}
     return any("Adam" in name or "Lion" in name for name in names)
@@ -44,7 +60,17 @@ def uses_adam(opt_state) -> bool:
 
 def xla_reduction_ratio(layers: dict[str, np.ndarray], channels_last: bool) -> tuple[float, str] | None:
     """The worst ratio, over the port's recorded layer outputs (PyTorch's float64 values, PyTorch's layout), of XLA's
-    float32 error to PyTorch's in a sum over every axis but the channels; and the layer where it is worst."""
+    float32 error to PyTorch's in a sum over every axis but the channels; and the layer where it is worst.
+
+    Args:
+        layers: layer outputs by PyTorch name, float64 in PyTorch's layout (check-port passes PyTorch64's); those of
+            fewer than 2 dimensions or 64 elements are left out.
+        channels_last: the port's layout: the channels moved to the last axis before XLA sums.
+
+    Returns:
+        ``(ratio, layer name)`` at the worst layer (``"(model)"`` for the model's own output), or None where no layer
+        was measured.
+    """
     import torch
 
     worst: tuple[float, str] | None = None
@@ -80,7 +106,14 @@ def _sub_jaxprs(params: dict):
 def low_precision_products(jaxpr) -> int:
     """How many matrix products and convolutions of a jaxpr (and the jaxprs inside it) the port itself runs below full
     float32: an explicit ``precision`` other than HIGHEST (a config default is applied later and is not seen here), an
-    algorithm with bf16 or tf32 in its name, or bfloat16/float16 operands."""
+    algorithm with bf16 or tf32 in its name, or bfloat16/float16 operands.
+
+    Args:
+        jaxpr: a jaxpr (the ``.jaxpr`` of :func:`jax.make_jaxpr`'s result).
+
+    Returns:
+        The count, the jaxprs inside included.
+    """
     count = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
@@ -116,7 +149,22 @@ def likely_causes(findings: list[Row], fast_variance: list[str], opt_state, laye
                   channels_last: bool, step_jaxpr=None, dtype: str = "float32", verified: dict | None = None) -> list[str]:
     """The causes that fit ``findings``, each in one sentence with what was read or measured. Flax's fast variance is
     named only where switching it off (``verified``, check-port's counterfactual run) brings findings within their
-    allowance; where it was tried and brought none, the report says it is not the cause."""
+    allowance; where it was tried and brought none, the report says it is not the cause.
+
+    Args:
+        findings: the judged program's precision findings (or notes).
+        fast_variance: the port's normalisations with ``use_fast_variance=True``, by module path.
+        opt_state: the port's optimizer state or its shapes, or None without an optimizer.
+        layers: PyTorch64's layer outputs, by PyTorch name (for :func:`xla_reduction_ratio`).
+        channels_last: the port lays images out channels-last.
+        step_jaxpr: the port's step as a jaxpr, read on a GPU or TPU only; None: not read.
+        dtype: the check's dtype; the bias corrections and XLA:CPU's sums are causes in float32 only.
+        verified: :func:`.causes.verified_causes`'s findings, or None where no counterfactual ran.
+
+    Returns:
+        One sentence per cause that fits and per cause tried and ruled out; one saying that no known cause fits where
+        none does; empty where ``findings`` is.
+    """
     if not findings:
         return []
     causes = []

@@ -68,7 +68,17 @@ _MARKED = re.compile(r"(<!-- reference:(?P<name>[\w-]+) -->\n)(?P<body>(?:(?!<!-
 
 
 def rewritten(text: str) -> str:
-    """``text`` with each marked table replaced by the one the code generates now."""
+    """``text`` with each marked table replaced by the one the code generates now.
+
+    Args:
+        text: a Markdown document with ``<!-- reference:NAME -->`` … ``<!-- /reference -->`` markers.
+
+    Returns:
+        The text, each marked table the one :data:`TABLES` generates.
+
+    Raises:
+        KeyError: a marker names a table that :data:`TABLES` does not have.
+    """
     def table(match: re.Match) -> str:
         name = match.group("name")
         if name not in TABLES:
@@ -79,6 +89,15 @@ def rewritten(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: each file's marked tables rewritten in place, or with ``--check`` the files whose tables are
+    stale named.
+
+    Args:
+        argv: the arguments (default: the command line's).
+
+    Returns:
+        The exit status: 1 where ``--check`` finds stale tables, else 0.
+    """
     parser = argparse.ArgumentParser(prog="python -m functional_gan.testing.reference", description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path, help="Markdown files with <!-- reference:NAME --> markers")
     parser.add_argument("--check", action="store_true", help="exit 1 where a file's tables differ from the code's")

@@ -108,7 +108,15 @@ class Report:
 
     def exit_status(self, allow_precision: bool | None = None) -> int:
         """The outcome's exit status: 0 agreement, 1 a divergence, 3 precision findings only (0 with
-        ``allow_precision``, by default the report's own)."""
+        ``allow_precision``, by default the report's own).
+
+        Args:
+            allow_precision: precision findings alone exit 0; None (the default) takes the report's own
+                ``allow_precision``.
+
+        Returns:
+            0, 1 or 3.
+        """
         allow = self.allow_precision if allow_precision is None else allow_precision
         outcome = self.outcome
         return EXIT_AGREEMENT if outcome is Verdict.PRECISION_FINDING and allow else outcome.exit_status
@@ -352,13 +360,30 @@ class Report:
 
 
 def outcome_words(outcome: Verdict, allow_precision: bool = False) -> str:
-    """A check's outcome as its summary line names it."""
+    """A check's outcome as its summary line names it.
+
+    Args:
+        outcome: the check's verdict.
+        allow_precision: precision findings alone are allowed (the words say so).
+
+    Returns:
+        ``"DIVERGENCE"``, ``"precision findings"`` (or ``"precision findings, allowed"``), or the verdict's words.
+    """
     if outcome is Verdict.PRECISION_FINDING:
         return "precision findings, allowed" if allow_precision else "precision findings"
     return "DIVERGENCE" if outcome is Verdict.DIVERGENCE else outcome.words
 
 
 def badness(row: Row) -> float:
+    """How far a row is from agreement, to pick the worst row of a stage or a block.
+
+    Args:
+        row: a judged row.
+
+    Returns:
+        The row's ratio to PyTorch's own error (:attr:`.judge.Row.ratio`); where that was not measured, its error over
+        its allowance; infinity where the shapes differ or nothing is allowed.
+    """
     if row.shapes is not None:
         return float("inf")
     return row.ratio if row.ratio is not None else row.port_error / row.allowed if row.allowed else float("inf")
@@ -370,6 +395,15 @@ def _ratio(ratio: float) -> str:
 
 
 def ratio_text(row: Row) -> str:
+    """A row's entry in the worst column of a report's summary.
+
+    Args:
+        row: a judged row.
+
+    Returns:
+        ``"shape"`` where the shapes differ; the ratio to PyTorch's own error (``"1.23×"``); where that was not
+        measured, the error over the allowance followed by ``of`` (``"0.5 of"``), or ``"inf"`` where nothing is allowed.
+    """
     if row.shapes is not None:
         return "shape"
     if row.ratio is not None:
@@ -378,5 +412,13 @@ def ratio_text(row: Row) -> str:
 
 
 def program_words(programs: tuple[str, ...]) -> str:
+    """The JAX programs as the report and the messages name them.
+
+    Args:
+        programs: ``"jit"`` and/or ``"eager"``.
+
+    Returns:
+        Each program in words, joined by "and".
+    """
     words = {"jit": "compiled with jax.jit, as training runs it", "eager": "op by op, without jax.jit"}
     return " and ".join(words[p] for p in programs)

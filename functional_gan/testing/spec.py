@@ -148,7 +148,21 @@ def select_output(output, field: str | int | None, side: str, from_jax=None):
     An output that is not an array (nor a number) without ``OUTPUT`` is a :class:`SpecError` naming its fields. An array
     is the output as it is, ``OUTPUT`` or not (one side may return ``(logits, loss)`` and the other the logits).
     ``from_jax`` (the port's side, without ``OUTPUT``): the spec's ``from_jax`` applied first where the output is not an
-    array, as the spec's author meant it (``lambda out: out.logits``)."""
+    array, as the spec's author meant it (``lambda out: out.logits``).
+
+    Args:
+        output: a model's output: an array, a number, a dict, a tuple, or an object with fields.
+        field: ``OUTPUT`` (or ``BLOCK_OUTPUT``): a key, an attribute's name or an index; None: the output itself.
+        side: the model, as messages name it (``"PyTorch's model"``, ``"the port"``).
+        from_jax: the spec's ``from_jax``, tried on an output that is not an array where ``field`` is None.
+
+    Returns:
+        The output compared.
+
+    Raises:
+        SpecError: ``output`` has no ``field``, or, without ``field``, it is neither an array nor a number (nor does
+            ``from_jax`` make one of it); the message names its fields.
+    """
     if hasattr(output, "shape") and hasattr(output, "dtype"):
         return output
     if field is None and from_jax is not None:
@@ -179,6 +193,14 @@ def select_output(output, field: str | int | None, side: str, from_jax=None):
 
 
 def check_param_map(param_map) -> None:
+    """A spec's ``param_map`` checked: None, or a dict of strings to strings.
+
+    Args:
+        param_map: the spec's ``param_map``.
+
+    Raises:
+        SpecError: ``param_map`` is a function or not a dict, or one of its keys or values is not a string.
+    """
     if param_map is None:
         return
     if callable(param_map) and not isinstance(param_map, dict):
@@ -276,7 +298,22 @@ def _described(value) -> str:
 def call_loss(loss, which: str, output, inputs: tuple, targets: tuple):
     """The spec's ``torch_loss``/``jax_loss`` called as ``loss(output, *inputs, *targets)`` (the output as compared,
     after ``OUTPUT``; the inputs as that framework's model takes them: on the JAX side, what ``to_jax`` made of
-    them); a loss that fails, or returns more than one number, is a :class:`SpecError` that says what it was given."""
+    them); a loss that fails, or returns more than one number, is a :class:`SpecError` that says what it was given.
+
+    Args:
+        loss: the spec's loss function.
+        which: ``"torch_loss"`` or ``"jax_loss"``, as messages name it.
+        output: the model's output, as compared.
+        inputs: the inputs, as that framework's model takes them.
+        targets: the targets.
+
+    Returns:
+        The loss's value as it returned it: a number, or an array of one element.
+
+    Raises:
+        SpecError: the loss raised (a SpecError of its own passes as it is), or returned more than one number; the
+            message says what it was given.
+    """
     given = (f"{which}(output, *inputs, *targets) with output {_described(output)}, inputs "
              f"[{', '.join(_described(x) for x in inputs)}], targets [{', '.join(_described(t) for t in targets)}]")
     try:
@@ -295,6 +332,14 @@ def call_loss(loss, which: str, output, inputs: tuple, targets: tuple):
 
 def differentiated_inputs(spec: Spec, inputs) -> list[int]:
     """INPUT_GRADIENTS: the positions of the inputs differentiated: the floating-point ones (under --by-block, among
-    the block's positional arguments only; its keyword arguments' arrays follow them, not differentiated)."""
+    the block's positional arguments only; its keyword arguments' arrays follow them, not differentiated).
+
+    Args:
+        spec: the spec (``positional``: under --by-block, how many leading inputs are the block's positional ones).
+        inputs: the model's inputs.
+
+    Returns:
+        The positions, in order.
+    """
     limit = len(inputs) if spec.positional is None else spec.positional
     return [i for i, x in enumerate(inputs[:limit]) if np.asarray(x).dtype.kind == "f"]

@@ -64,6 +64,19 @@ def _resolve(target) -> tuple[Any, str]:
 
 
 def validate(taps) -> dict:
+    """A spec's ``TAPS`` checked: each name's two targets found, each a function.
+
+    Args:
+        taps: {name: (PyTorch's target, the port's target)}, each ``"module:function"``, a module-level function, or
+            ``(object, "attribute")``; or None.
+
+    Returns:
+        A copy of ``taps`` as a dict; empty for None.
+
+    Raises:
+        SpecError: ``taps`` is not a dict of pairs, a target's module cannot be imported, a target has another form, or
+            a target is not a function.
+    """
     if taps is None:
         return {}
     if not isinstance(taps, dict) or not all(isinstance(v, (tuple, list)) and len(v) == 2 for v in taps.values()):
@@ -79,7 +92,11 @@ def validate(taps) -> dict:
 
 @contextlib.contextmanager
 def installed(taps: dict):
-    """While active, each tapped function on both sides records its outputs (when a recorder is collecting)."""
+    """While active, each tapped function on both sides records its outputs (when a recorder is collecting).
+
+    Args:
+        taps: the spec's taps, as :func:`validate` returns them.
+    """
     patched = []
     try:
         for name, (torch_target, port_target) in taps.items():
@@ -176,6 +193,14 @@ class TorchTaps(ModuleStack):
         super().__exit__(*exc)
 
     def record(self, name: str, values: list) -> None:
+        """One call's output tensors of the tapped function ``name``, recorded by the innermost module running: each
+        handed to ``emit`` as the row ``module:name[i]`` (``i`` counting per module and tap), its port's path ``(ROOT,
+        name, n)`` kept in ``paths`` (``n`` counting per tap).
+
+        Args:
+            name: the tap's name (a key of ``TAPS``).
+            values: the call's output tensors, in order.
+        """
         where = self.current
         for value in values:
             n = self.counts.get(name, 0)
@@ -188,4 +213,12 @@ class TorchTaps(ModuleStack):
 
 
 def as_array(value) -> np.ndarray:
+    """A PyTorch tensor as a NumPy array of its own: detached, float64, on the CPU, copied.
+
+    Args:
+        value: a tensor.
+
+    Returns:
+        The float64 array.
+    """
     return value.detach().double().cpu().numpy().copy()

@@ -29,6 +29,17 @@ if TYPE_CHECKING:
 
 
 def make_torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
+    """One PyTorch side of the check: ``torch_model()`` built (under PyTorch's random state as it is), ``state`` loaded,
+    converted to ``dtype``, in the spec's mode (``TRAIN``), with its optimizer.
+
+    Args:
+        spec: the spec.
+        dtype: the side's dtype (``torch.float32``, ``torch.float64``).
+        state: a state_dict loaded before the conversion, or None: the model's own initialisation.
+
+    Returns:
+        ``(model, optimizer)``; the optimizer None where the spec has none.
+    """
     model = spec.torch_model()
     if state is not None:
         model.load_state_dict(state)
@@ -41,7 +52,14 @@ def make_torch_side(spec: Spec, dtype: torch.dtype, state: dict | None):
 def other_layout(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with the same values in other memory layouts: matrices column-major, 4-D and 5-D weights
     channels-last. PyTorch's kernels then take other paths and sum in other orders (the same Linear in float64 differs
-    by about 12 ulps of its scale between a row-major and a column-major weight of 9216 columns)."""
+    by about 12 ulps of its scale between a row-major and a column-major weight of 9216 columns).
+
+    Args:
+        model: a PyTorch model, changed in place.
+
+    Returns:
+        ``model``.
+    """
     for parameter in model.parameters():
         if parameter.ndim == 2:
             parameter.data = parameter.data.t().contiguous().t()
@@ -150,7 +168,14 @@ class BlockedSums(TorchDispatchMode):
 
 def island_pattern(found: dict[str, str]) -> dict[str, str]:
     """Module names with their indices in a stack as ``*`` (``model.layers.0.input_layernorm`` and ``…1…`` read as one
-    ``model.layers.*.input_layernorm``), each with its narrow dtype, in the order first met."""
+    ``model.layers.*.input_layernorm``), each with its narrow dtype, in the order first met.
+
+    Args:
+        found: {module name: the narrow dtype's name} (:attr:`Islands.found`, or :func:`.widen.islands`'s paths).
+
+    Returns:
+        {pattern: the narrow dtype's name}, ``"(the model itself)"`` for the empty name.
+    """
     patterns: dict[str, str] = {}
     for name, narrow in found.items():
         patterns.setdefault(re.sub(r"(?<=[./])\d+(?=[./]|$)", "*", name) if name else "(the model itself)", narrow)
@@ -165,6 +190,25 @@ def run_torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_
     ``sink``, each layer's output (float64, in order) goes to ``sink(name, output)`` as it is computed instead of
     being kept. ``mode``: a mode the forward, the loss and the backward run in (:class:`Islands`,
     :class:`BlockedSums`).
+
+    Args:
+        spec: the spec (its ``OUTPUT``, loss, ``INPUT_GRADIENTS``, ``positional`` and ``TAPS`` are read).
+        model: the PyTorch model.
+        optimizer: the model's optimizer, stepped after the backward; None: no step (the gradients are computed all the
+            same, from none).
+        inputs: the inputs (NumPy arrays); floating-point ones in ``dtype``.
+        targets: the targets, converted as the inputs are.
+        dtype: the run's floating-point dtype (``torch.float32``, ``torch.float64``).
+        record_layers: the names of the modules whose outputs are recorded (their first call's).
+        permutation: the order of the samples along the first axis, or None.
+        layout: 4-D floating-point inputs channels-last in memory (:func:`other_layout`'s run).
+        sink: ``sink(name, output)`` takes each layer's output instead of the result, or None.
+        mode: a mode the forward, the loss and the backward run in, or None.
+
+    Returns:
+        A dict: ``layers`` (PyTorch name → float64 array, the tapped functions' rows included; empty with ``sink``),
+        ``output`` (float64), ``tap_paths`` (each tapped row's path among the port's outputs); with a loss, ``loss`` (a
+        float) and, with ``INPUT_GRADIENTS``, ``input_grads`` by position. The parameters' gradients stay on the model.
     """
     if permutation is not None:
         inputs = tuple(np.asarray(x)[permutation] for x in inputs)
@@ -276,7 +320,15 @@ class ParamsOf(_ByName):
 
 def load_into(model: torch.nn.Module, state: dict) -> None:
     """``model.load_state_dict(state)`` tensor by tensor, each converted to the model's dtype as it is copied (no copy
-    of the whole state in that dtype first)."""
+    of the whole state in that dtype first).
+
+    Args:
+        model: the PyTorch model.
+        state: a state_dict with exactly the model's keys.
+
+    Raises:
+        KeyError: the keys of ``state`` and the model's differ (the first three named).
+    """
     own = model.state_dict()
     missing = set(own) ^ set(state)
     if missing:
@@ -300,7 +352,20 @@ def step_with_gradients(model: torch.nn.Module, optimizer, gradients, start: dic
     state of its own), and the gradients are let go, with the group's optimizer state after the ``last`` step. Every
     parameter is stepped once, as one step over all of them would; what is held at once is a group's gradients and
     state, not the model's (3 GB for AdamW over 124M parameters in float64). An optimizer from outside ``torch.optim``
-    steps every parameter at once (its step may couple them)."""
+    steps every parameter at once (its step may couple them).
+
+    Args:
+        model: the PyTorch model whose parameters are stepped.
+        optimizer: its optimizer, over ``model``'s parameters.
+        gradients: {parameter name: gradient}, arrays in PyTorch's layout, read one at a time; a parameter without one
+            is not stepped.
+        start: a state_dict loaded first (:func:`load_into`), or None: the model's parameters as they are.
+        chunk: elements of parameters stepped at a time (infinite: all at once).
+        last: the check's last step: each stepped parameter's optimizer state is let go.
+
+    Returns:
+        ``model``, updated.
+    """
     if start is not None:
         load_into(model, start)
     optimizer.zero_grad()
@@ -328,7 +393,21 @@ def fed_update(model, optimizer, start: dict, pairings: list[Pairing], jax_grads
                chunk: int = CHUNK) -> ParamsOf:
     """PyTorch's optimizer step from ``start`` with the port's gradients, ``chunk`` elements of parameters at a time
     (see :func:`step_with_gradients`); the parameters after it in the port's layout, read from the model when asked
-    for."""
+    for.
+
+    Args:
+        model: the PyTorch model stepped.
+        optimizer: its optimizer.
+        start: the state_dict the step starts from.
+        pairings: the check's pairing (each parameter's leaf of the port, and the layout change).
+        jax_grads: the port's gradients, as its pytree.
+        last: the check's last step, as for :func:`step_with_gradients`.
+        chunk: elements of parameters stepped at a time.
+
+    Returns:
+        A :class:`ParamsOf`: the parameters after the step by PyTorch name, float64 in the port's layout, read from
+        ``model`` when asked for.
+    """
     step_with_gradients(model, optimizer, _Gradients(pairings, jax_grads), start, chunk, last)
     return ParamsOf(model, pairings)
 
@@ -406,13 +485,28 @@ _MADVISE = _madvise()
 
 
 def side_dtype(side: str) -> torch.dtype:
-    """A PyTorch side's dtype by its name: "ref" and "t64…" float64, "t32…" float32."""
+    """A PyTorch side's dtype by its name: "ref" and "t64…" float64, "t32…" float32.
+
+    Args:
+        side: a PyTorch side's name (``"ref"``, ``"t32"``, ``"t64-moved"``, ``"t32-permuted-1"``, ...).
+
+    Returns:
+        ``torch.float32`` where the name starts with ``"t32"``, else ``torch.float64``.
+    """
     return torch.float32 if side.startswith("t32") else torch.float64
 
 
 
 def one_ulp(tensor: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-    """``tensor`` in float64 with each element moved by one ulp (relative eps), up or down at random."""
+    """``tensor`` in float64 with each element moved by one ulp (relative eps), up or down at random.
+
+    Args:
+        tensor: a floating-point tensor.
+        rng: the generator that draws each element's direction.
+
+    Returns:
+        A new float64 tensor.
+    """
     wide = tensor.to(torch.float64)
     return wide * (1 + torch.from_numpy(rng.choice([-1.0, 1.0], size=tuple(wide.shape))) * float(np.finfo(np.float64).eps))
 
@@ -420,14 +514,30 @@ def one_ulp(tensor: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
 
 def ulp_signs(shape: tuple, rng: np.random.Generator) -> np.ndarray:
     """The directions :func:`one_ulp` draws for an array of ``shape`` (the same draws from the same ``rng``), kept as
-    int8: an eighth of the memory of the moved array, which :class:`Moved` makes when it is read."""
+    int8: an eighth of the memory of the moved array, which :class:`Moved` makes when it is read.
+
+    Args:
+        shape: the array's shape.
+        rng: the generator that draws the directions.
+
+    Returns:
+        An int8 array of -1 and 1.
+    """
     return rng.choice(np.array([-1, 1], np.int8), size=tuple(shape))
 
 
 
 def moved_by(value, signs: np.ndarray) -> torch.Tensor:
     """``value`` in float64 moved by one ulp in the directions ``signs``: :func:`one_ulp`'s arithmetic, number for
-    number (the factor 1 ± eps made in place, then one product)."""
+    number (the factor 1 ± eps made in place, then one product).
+
+    Args:
+        value: a tensor or an array.
+        signs: the directions, of ``value``'s shape (:func:`ulp_signs`).
+
+    Returns:
+        A new float64 tensor.
+    """
     factor = signs.astype(np.float64)
     factor *= float(np.finfo(np.float64).eps)
     factor += 1
@@ -470,7 +580,14 @@ class MovedState(dict):
 
 def recomputed_gradients(run: Run) -> dict:
     """PyTorch64's gradients of the last step computed again, as the reference computed them (the same start, inputs
-    and random state: the same bits), in the port's layout: held while they are compared, not while the port runs."""
+    and random state: the same bits), in the port's layout: held while they are compared, not while the port runs.
+
+    Args:
+        run: the check's :class:`.run.Run` (its reference model, inputs, targets and ``reference_rng``).
+
+    Returns:
+        {PyTorch parameter name: its gradient, float64 in the port's layout}; the model's own gradients are let go.
+    """
     model = run.sides["ref"][0]
     with torch.random.fork_rng(devices=[]):
         torch.random.set_rng_state(run.reference_rng)
@@ -483,7 +600,19 @@ def pytorch_step(run: Run, last: bool) -> tuple[dict, dict]:
     """Every PyTorch side runs one step from PyTorch64's state; returns what the reference saw (``"ref"``), the other
     runs' largest errors against it (``"noise"``: PyTorch's own error in the dtype, quantity by quantity, each run
     compared as soon as it is done and let go), and that starting state. The reference's optimizer steps (its
-    parameters start the next step) unless this is the ``last`` step."""
+    parameters start the next step) unless this is the ``last`` step.
+
+    Args:
+        run: the check's :class:`.run.Run`. At the first step PyTorch64's islands are found (``run.torch_islands``, and
+            where it has some a ``"t64-wide"`` side is added, with notes); the tapped rows' paths join ``layer_paths``.
+        last: the check's last step.
+
+    Returns:
+        ``(seen, params_state)``: ``seen`` is ``{"ref": the reference's run (:func:`run_torch_step`'s, with ``grads`` in
+        the port's layout and ``after``, the buffers after the step), "noise": PyTorch's own error per quantity, as
+        :class:`.judge.Measured`}; ``params_state`` is PyTorch64's state_dict as the step started (the parameters not
+        copied at the last step).
+    """
     start = run.sides["ref"][0]  # teacher forcing: every side starts the step from PyTorch64's parameters and buffers
     # a copy of what the reference's step changes: its buffers (running statistics), and its parameters where its
     # optimizer steps; at the last step the parameters are read as they are (a model of 124M parameters: 1 GB in float64)
@@ -570,7 +699,16 @@ def pytorch_step(run: Run, last: bool) -> tuple[dict, dict]:
 def fed_optimizer(run: Run, program: str, name: str):
     """``program``'s PyTorch optimizer ``name`` ("ref": float64; "t32"/"t64": PyTorch's own error) and the working
     model of its dtype it steps, built the first time it is asked for. A working model that no run has yet is built
-    afresh (its values do not matter: each fed update loads its start into it), PyTorch's random state kept as it was."""
+    afresh (its values do not matter: each fed update loads its start into it), PyTorch's random state kept as it was.
+
+    Args:
+        run: the check's :class:`.run.Run`.
+        program: ``"jit"`` or ``"eager"``.
+        name: ``"ref"``, ``"t32"`` or ``"t64"``.
+
+    Returns:
+        ``(model, optimizer)``, kept in ``run.shadows[program][name]``.
+    """
     if run.shadows[program][name] is None:
         dtype = torch.float64 if name == "ref" else side_dtype(name)
         if run.working.get(dtype) is None:
@@ -589,7 +727,20 @@ def fed_updates(run: Run, program: str, start: dict, grads, last: bool, in_place
     the ``last``. ``in_place``: the reference's optimizer steps PyTorch64's reference model itself, whose parameters
     are ``start`` and are read by nothing after it (the last program of a check of one step), after the other run: no
     working model holds the start a second time, and the reference's values need no copy (1 GB each for 124M
-    parameters in float64)."""
+    parameters in float64).
+
+    Args:
+        run: the check's :class:`.run.Run`.
+        program: ``"jit"`` or ``"eager"``.
+        start: PyTorch64's state_dict as the step started.
+        grads: the program's gradients, as the port's pytree.
+        last: the check's last step.
+        in_place: the reference's optimizer steps PyTorch64's reference model itself (see above).
+
+    Returns:
+        ``{"ref": the reference's parameters after the step (a :class:`ParamsOf`), "noise": {PyTorch parameter name: the
+        other run's :class:`.judge.Measured` error}}``.
+    """
     names = [name for name in run.shadows[program] if not (in_place and name == "ref")]
     shadows = {name: fed_optimizer(run, program, name) for name in names}
     if in_place:
@@ -627,7 +778,14 @@ def reference_parked(run: Run):
     """While a program of the port runs, PyTorch64's reference model, and its optimizer's state, parked on disk
     (:class:`Parked`) where they are over the memory policy's ``parked_above`` bytes (GPT-2 124M's: 1 GB in float64):
     nothing reads them until the program's outcome is compared. Every start of the program is made before, from
-    them."""
+    them.
+
+    Args:
+        run: the check's :class:`.run.Run`.
+
+    Returns:
+        A context manager: a :class:`Parked`, or one that does nothing where they are not over ``parked_above``.
+    """
     model, optimizer = run.sides["ref"]
     tensors = [*model.parameters(), *model.buffers()]
     if optimizer is not None:

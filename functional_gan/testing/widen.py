@@ -44,7 +44,16 @@ def _narrower(dtype, wide) -> bool:
 def islands(fun: Callable, *args, wide=jnp.float64) -> dict[str, str]:
     """Where ``fun`` on ``args`` computes a floating-point value narrower than ``wide`` from a ``wide`` one: {module
     path of JAX's name stack (Flax Linen names its modules there; "" where the stack names none): the narrow dtype's
-    name}, in the order they first narrow. Empty: no island."""
+    name}, in the order they first narrow. Empty: no island.
+
+    Args:
+        fun: a JAX function.
+        *args: its arguments (arrays, or shapes such as ``jax.ShapeDtypeStruct``): it is traced, not run.
+        wide: the check's floating-point dtype.
+
+    Returns:
+        The islands, as above.
+    """
     found: dict[str, str] = {}
 
     def visit(jaxpr):
@@ -69,7 +78,15 @@ def _module_path(stack: str) -> str:
 
 def widened(fun: Callable, wide=jnp.float64) -> Callable:
     """``fun`` with its islands narrower than ``wide`` computed in ``wide`` (see the module's docstring). The result is
-    traced afresh on each call; wrap it in ``jax.jit`` to run it compiled."""
+    traced afresh on each call; wrap it in ``jax.jit`` to run it compiled.
+
+    Args:
+        fun: a JAX function of positional arguments (pytrees).
+        wide: the floating-point dtype the islands are computed in.
+
+    Returns:
+        A function of the same arguments, with the structure of ``fun``'s output.
+    """
 
     def run(*args):
         closed, shapes = jax.make_jaxpr(fun, return_shape=True)(*args)
