@@ -821,3 +821,15 @@ def test_the_port_is_built_as_shapes_and_draws_its_own_values_only_for_a_leaf_le
     np.testing.assert_array_equal(np.asarray(kept), np.asarray(leaf_at(real["params"], bias)))
     for key in [p.jax_path for p in run.pairings]:  # and every paired leaf is held as its shape alone
         assert isinstance(leaf_at(run.adapter.variables["params"], key), jax.ShapeDtypeStruct)
+
+
+@pytest.mark.parametrize("target,words", [
+    ("os:path.no_such_namespace.join", "'posixpath' has no attribute 'no_such_namespace'"),
+    ("no_such_module_for_taps:f", "cannot import 'no_such_module_for_taps'"),
+    ("os:path.no_such_function", "is not a function")])
+def test_a_taps_target_that_is_not_there_is_a_spec_error_that_names_it(target, words):
+    """Each way a TAPS target can be missing is one line naming it (a missing name on the way was an AttributeError)."""
+    from functional_gan.testing import taps
+
+    with pytest.raises(testing.SpecError, match=re.escape(words)):
+        taps.validate({"rope": ("os.path:join", target)})

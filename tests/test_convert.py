@@ -214,6 +214,22 @@ def test_an_existing_folder_is_refused_unless_overwrite_and_a_full_disk_leaves_i
     assert not (out / "mine.txt").exists() and (out / "converted.json").is_file()
 
 
+def test_overwrite_replaces_a_file_and_leaves_no_copy_of_it_behind(tmp_path, monkeypatch):
+    """--overwrite where ``out`` is a file: the file is moved aside, the folder put in its place, the file then deleted
+    (it was left as a hidden ``.NAME.previous-PID`` file)."""
+    out = tmp_path / "converted"
+    out.write_text("an old file")
+
+    def weights(api, exported, folder):
+        (folder / "weights.bin").write_bytes(b"\1" * 10)
+        return "bytes"
+
+    monkeypatch.setattr(converting, "_write_weights", weights)
+    assert converting.write_converted(out, "plain function", None, {}, overwrite=True) == out
+    assert out.is_dir() and json.loads((out / "converted.json").read_text())["format"] == "bytes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["converted"]
+
+
 def test_a_changed_file_is_refused_when_read_back(tmp_path):
     weights, _ = _trained("mnist_cnn", tmp_path, steps=1)
     out = tmp_path / "converted"

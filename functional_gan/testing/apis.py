@@ -70,7 +70,14 @@ def _taps(record: dict):
 
 def next_tap_index(name: str) -> int | None:
     """The number of the next value the spec's tapped function ``name`` gives in this capture (from 0), or None where
-    no capture is under way."""
+    no capture is under way.
+
+    Args:
+        name: the tapped function's name, as the spec's ``TAPS`` gives it.
+
+    Returns:
+        The count of its values so far in the capture under way (0 for its first), or None outside a capture.
+    """
     if not _TAP_COUNTS:
         return None
     counts = _TAP_COUNTS[-1]
@@ -131,7 +138,16 @@ def _with_first(out, first):
 
 def assemble_nested(nested: dict, expected_shapes: dict[tuple[str, ...], tuple]) -> dict[tuple[str, ...], np.ndarray]:
     """Each nested layer's output as one array: per-sample outputs (a call inside a vmap over the batch gives one
-    array per sample, in order) stacked back into the batch; a layer called once per batch, its first call."""
+    array per sample, in order) stacked back into the batch; a layer called once per batch, its first call.
+
+    Args:
+        nested: {module path: its outputs in the order they were sent out (:func:`nested_outputs`)}.
+        expected_shapes: {module path: the output's shape PyTorch's layer has}; a path ending ``"#i"`` is layer i of
+            a module scanned over layers.
+
+    Returns:
+        {module path: one array}, for each path the shapes name.
+    """
     assembled = {}
     for path, pieces in nested.items():
         shape = expected_shapes.get(path)
@@ -378,16 +394,32 @@ class Adapter:
 
 
 def is_linen(model) -> bool:
+    """Whether ``model`` is a Flax Linen module (False where ``flax.linen`` was never imported).
+
+    Args:
+        model: what the spec's ``jax_model()`` returned.
+    """
     linen = sys.modules.get("flax.linen")
     return linen is not None and isinstance(model, linen.Module)
 
 
 def is_nnx(model) -> bool:
+    """Whether ``model`` is a Flax NNX module (False where ``flax.nnx`` was never imported).
+
+    Args:
+        model: what the spec's ``jax_model()`` returned.
+    """
     nnx = sys.modules.get("flax.nnx")
     return nnx is not None and isinstance(model, nnx.Module)
 
 
 def is_equinox(model) -> bool:
+    """Whether ``model`` is an Equinox module, or the ``(module, state)`` pair ``eqx.nn.make_with_state`` returns (False
+    where ``equinox`` was never imported).
+
+    Args:
+        model: what the spec's ``jax_model()`` returned.
+    """
     eqx = sys.modules.get("equinox")
     if eqx is None:
         return False

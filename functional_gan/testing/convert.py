@@ -215,7 +215,10 @@ def write_converted(out: str | os.PathLike, api: str, exported, record: dict, ov
             os.replace(previous, out)
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-    shutil.rmtree(previous, ignore_errors=True)
+    if previous.is_dir():
+        shutil.rmtree(previous, ignore_errors=True)
+    else:  # --overwrite of a file
+        previous.unlink(missing_ok=True)
     return out
 
 

@@ -302,8 +302,10 @@ def float64_update(optimizer):
 
 @contextlib.contextmanager
 def bias_corrections_exact():
-    """While in effect, optax's Adam-family bias corrections 1 − βᵗ are computed as PyTorch has them, exactly and then
-    rounded once to the moments' dtype (−expm1(t · log β), log β in Python's float64), not as float32's 1 − β^t."""
+    """While in effect, optax's Adam-family bias corrections 1 − βᵗ are computed as −expm1(t · log β) (log β in Python's
+    float64; the product and expm1 in the step's precision, float32 in a float32 check: two roundings, each within an
+    ulp), which has no cancellation, not as float32's 1 − β^t, whose subtraction loses digits (PyTorch computes 1 − βᵗ
+    in Python's float64)."""
     import math
 
     import optax

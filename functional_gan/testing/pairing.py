@@ -19,12 +19,26 @@ def _nchw_to_nhwc(x):
 
 
 def default_to_jax(*arrays):
-    """Arrays of 3 or more dimensions go channels-last (PyTorch's NC… → Flax's N…C); others as they are."""
+    """Arrays of 3 or more dimensions go channels-last (PyTorch's NC… → Flax's N…C); others as they are.
+
+    Args:
+        *arrays: the example inputs (or targets) as PyTorch takes them.
+
+    Returns:
+        A tuple of NumPy arrays, one per argument.
+    """
     return tuple(_nchw_to_nhwc(np.asarray(a)) if np.asarray(a).ndim >= 3 else np.asarray(a) for a in arrays)
 
 
 def default_from_jax(output):
-    """The inverse of :func:`default_to_jax` for one array."""
+    """The inverse of :func:`default_to_jax` for one array.
+
+    Args:
+        output: one of the port's outputs.
+
+    Returns:
+        A NumPy array: channels moved from the last axis to axis 1 where it has 3 or more dimensions.
+    """
     return np.moveaxis(np.asarray(output), -1, 1) if np.ndim(output) >= 3 else np.asarray(output)
 
 
@@ -35,7 +49,16 @@ TRANSFORMS = ("=", "T", "conv", "convT-flip", "convT-eqx", "reshape")
 
 
 def to_flax_layout(value: np.ndarray, transform: str, shape: tuple | None = None) -> np.ndarray:
-    """A PyTorch tensor in the port's layout (``shape``: the leaf's, for "reshape")."""
+    """A PyTorch tensor in the port's layout.
+
+    Args:
+        value: the tensor's values, in PyTorch's layout.
+        transform: one of :data:`TRANSFORMS`.
+        shape: the port's leaf's shape (used by "reshape").
+
+    Returns:
+        The values in the port's layout (a view where the transform is a transposition).
+    """
     if transform == "=":
         return value
     if transform == "T":
@@ -53,7 +76,16 @@ def to_flax_layout(value: np.ndarray, transform: str, shape: tuple | None = None
 
 
 def from_flax_layout(value: np.ndarray, transform: str, shape: tuple | None = None) -> np.ndarray:
-    """The inverse of :func:`to_flax_layout` (``shape``: PyTorch's, for "reshape")."""
+    """The inverse of :func:`to_flax_layout`.
+
+    Args:
+        value: the values, in the port's layout.
+        transform: one of :data:`TRANSFORMS`.
+        shape: PyTorch's tensor's shape (used by "reshape").
+
+    Returns:
+        The values in PyTorch's layout.
+    """
     if transform == "=":
         return value
     if transform == "T":
@@ -95,14 +127,31 @@ class Pairing:
         return (*self.jax_path[:-1], *((f"#{self.index}",) if self.index is not None else ()))
 
     def leaf(self, tree):
-        """This tensor's value in a tree of the port's arrays (a stacked leaf's slice)."""
+        """This tensor's value in a tree of the port's arrays (a stacked leaf's slice).
+
+        Args:
+            tree: a collection of the port's variables (its ``params`` or ``batch_stats``), nested by module path.
+
+        Returns:
+            The leaf at :attr:`jax_path`, or its slice :attr:`index` for a stacked leaf.
+        """
         value = leaf_at(tree, self.jax_path)
         return value if self.index is None else value[self.index]
 
     def to_jax(self, value: np.ndarray) -> np.ndarray:
+        """PyTorch's tensor ``value`` (a NumPy array) in the port's layout (:func:`to_flax_layout`).
+
+        Args:
+            value: the tensor's values, in PyTorch's layout.
+        """
         return to_flax_layout(value, self.transform, self.jax_shape)
 
     def to_torch(self, value: np.ndarray) -> np.ndarray:
+        """The port's leaf ``value`` (a NumPy array) in PyTorch's layout (:func:`from_flax_layout`).
+
+        Args:
+            value: the leaf's values, in the port's layout.
+        """
         return from_flax_layout(value, self.transform, self.torch_shape)
 
 
@@ -173,7 +222,14 @@ def _torch_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, d
 def tied_tensors(model: torch.nn.Module) -> dict[str, str]:
     """{a tied tensor's later name: the name it is paired under}, in definition order: one tensor used by several
     modules (PyTorch's ``named_parameters`` lists it once, under its first name). It pairs once with the port, and its
-    gradient on both sides is the sum over its uses."""
+    gradient on both sides is the sum over its uses.
+
+    Args:
+        model: the PyTorch model.
+
+    Returns:
+        {later name: first name}, empty where nothing is tied.
+    """
     first: dict[int, str] = {}
     tied = {}
     for module_name, module in model.named_modules():
@@ -403,6 +459,15 @@ def _set(tree: dict, path: tuple[str, ...], value) -> dict:
 
 
 def leaf_at(tree, path):
+    """The value at ``path`` in the nested ``tree``.
+
+    Args:
+        tree: nested dicts (a collection of the port's variables).
+        path: the keys, outermost first.
+
+    Raises:
+        KeyError: a key on the path is not in the tree.
+    """
     for key in path:
         tree = tree[key]
     return tree
@@ -411,7 +476,15 @@ def leaf_at(tree, path):
 def shapes_of_paired(variables: dict, pairings: list[Pairing]) -> dict:
     """``variables`` with each leaf that PyTorch's tensors fill entirely (every layer of a stacked leaf) as its shape and
     dtype: every step's variables are made from PyTorch's tensors, and the port's own initial values of those leaves
-    are not held (half a gigabyte for a model of 124M parameters)."""
+    are not held (half a gigabyte for a model of 124M parameters).
+
+    Args:
+        variables: the port's ``{"params": ..., "batch_stats": ...}``, nested by module path.
+        pairings: the check's pairing (:func:`transfer`).
+
+    Returns:
+        A copy of ``variables`` with those leaves as ``jax.ShapeDtypeStruct``; the other leaves as they were.
+    """
     out = {k: dict(v) for k, v in variables.items()}
     for collection, path in _filled(variables, pairings):
         leaf = leaf_at(out[collection], path)
@@ -435,7 +508,12 @@ def _filled(variables: dict, pairings: list[Pairing]) -> set[tuple[str, tuple[st
 
 def all_filled(variables: dict, pairings: list[Pairing]) -> bool:
     """Whether PyTorch's tensors fill every leaf of the port's ``variables`` entirely: no value of the port's own is
-    used."""
+    used (then the port built as shapes alone is enough).
+
+    Args:
+        variables: the port's ``{"params": ..., "batch_stats": ...}``, arrays or shapes.
+        pairings: the check's pairing (:func:`transfer`).
+    """
     filled = _filled(variables, pairings)
     return all((collection, path) in filled for collection, tree in variables.items()
                for path, _ in _leaves(tree))
@@ -450,7 +528,18 @@ def _leaves(tree, prefix: tuple[str, ...] = ()):
 
 
 def variables_from_torch(model: torch.nn.Module | dict, pairings: list[Pairing], variables: dict, dtype) -> dict:
-    """The port's variables holding ``model``'s tensors (a module, or a ``state_dict``), moved by the pairing."""
+    """The port's variables holding ``model``'s tensors (a module, or a ``state_dict``), moved by the pairing.
+
+    Args:
+        model: the PyTorch model, or its ``state_dict``.
+        pairings: the check's pairing (:func:`transfer`).
+        variables: the port's variables as the adapter holds them: each leaf left unpaired keeps its value from here.
+        dtype: the JAX dtype the leaves are made in.
+
+    Returns:
+        A copy of ``variables`` with every paired leaf (a stacked one: each paired layer of it) holding PyTorch's
+        values in the port's layout, as JAX arrays.
+    """
     tensors = model if isinstance(model, dict) else {**dict(model.named_parameters(remove_duplicate=False)),
                                                      **dict(model.named_buffers())}
     out = {k: dict(v) for k, v in variables.items()}
@@ -473,8 +562,17 @@ def variables_from_torch(model: torch.nn.Module | dict, pairings: list[Pairing],
 
 def torch_in_flax_layout(model: torch.nn.Module, pairings: list[Pairing], which: str = "value",
                          release: bool = False) -> dict[str, np.ndarray]:
-    """Each paired tensor (or its ``.grad``) in the port's layout, float64, by PyTorch key; with ``release``, each
-    ``.grad`` let go of as soon as it is read."""
+    """Each paired tensor (or its ``.grad``) in the port's layout, float64, by PyTorch key.
+
+    Args:
+        model: the PyTorch model.
+        pairings: the check's pairing (:func:`transfer`).
+        which: ``"value"``, the tensors; ``"grad"``, the parameters' gradients (zeros where a parameter has none).
+        release: each ``.grad`` let go of as soon as it is read (after its last pairing, for a tensor paired twice).
+
+    Returns:
+        {PyTorch key: a float64 NumPy array in the port's layout}, copies that the model's next step does not change.
+    """
     tensors = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}
     uses: dict[int, int] = {}  # a tensor paired twice (a port's copy of a tied tensor) is let go after its last read
     for p in pairings:

@@ -20,7 +20,24 @@ from .torch_side import make_torch_side, other_layout, side_dtype
 
 def prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, ...], torch_state: dict | None = None,
              memory: MemoryPolicy | None = None) -> Run:
-    """The spec's pieces built, the port adapted and paired with the PyTorch model, PyTorch's runs set up."""
+    """The spec's pieces built, the port adapted and paired with the PyTorch model, PyTorch's runs set up.
+
+    Args:
+        spec: the check's :class:`.spec.Spec`.
+        dtype: ``"float32"`` or ``"float64"``.
+        k: the allowance, in multiples of PyTorch's own error.
+        seed: PyTorch's seed for ``torch_model()`` (and the port's own initialisation, where a leaf is left unpaired).
+        programs: the JAX programs the check runs (``"jit"``, ``"eager"``).
+        torch_state: a ``state_dict`` loaded into ``torch_model()`` instead of its seeded initialisation, or None.
+        memory: the check's :class:`.memory.MemoryPolicy` (its ``limit``: a check estimated beyond it is not started).
+
+    Returns:
+        The :class:`.run.Run`: both sides built, the pairing, the PyTorch runs that measure its own error ready.
+
+    Raises:
+        SpecError: a missing piece of the spec, the spec's or the port's code failed, weights that do not pair,
+            ``INPUT_GRADIENTS`` without a loss or a floating-point input, or a check estimated beyond the memory limit.
+    """
     if spec.torch_model is None or spec.example_inputs is None or (
             spec.jax_model is None and (spec.jax_params is None or spec.jax_apply is None)):
         raise SpecError("a spec needs torch_model, example_inputs, and jax_model or jax_params with jax_apply")

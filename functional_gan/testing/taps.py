@@ -57,6 +57,8 @@ def _resolve(target) -> tuple[Any, str]:
         except ImportError as error:
             raise SpecError(f"TAPS: cannot import {module!r} ({error})") from error
         for part in attribute.split(".")[:-1]:
+            if not hasattr(owner, part):
+                raise SpecError(f"TAPS: {target!r}: {getattr(owner, '__name__', owner)!r} has no attribute {part!r}")
             owner = getattr(owner, part)
         return owner, attribute.split(".")[-1]
     raise SpecError(f"TAPS: a target is 'module:function', a module-level function, or (object, 'attribute'), got "
@@ -74,8 +76,8 @@ def validate(taps) -> dict:
         A copy of ``taps`` as a dict; empty for None.
 
     Raises:
-        SpecError: ``taps`` is not a dict of pairs, a target's module cannot be imported, a target has another form, or
-            a target is not a function.
+        SpecError: ``taps`` is not a dict of pairs, a target's module cannot be imported, a name on a target's path
+            is missing, a target has another form, or a target is not a function.
     """
     if taps is None:
         return {}
