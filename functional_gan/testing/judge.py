@@ -36,8 +36,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 DEFAULT_K = 3.0
 FLOAT64_TOLERANCE = 1e-10  # of a tensor's scale
@@ -257,9 +259,10 @@ def allowance(noise: float, k: float = DEFAULT_K, dtype: str = "float32") -> flo
     return k * _at_least_ulps(noise, dtype)
 
 
-def compare(stage: str, name: str, port, reference, noisy, dtype: str, k: float = DEFAULT_K,
-            tolerance: float | None = None, port_shape: tuple | None = None, jax_noisy=(), twin_reference=None,
-            float64_noise: bool = False, port_noisy=(), island_noisy=()) -> Row:
+def compare(stage: str, name: str, port: ArrayLike, reference: ArrayLike, noisy: Sequence, dtype: str,
+            k: float = DEFAULT_K, tolerance: float | None = None, port_shape: tuple | None = None,
+            jax_noisy: Sequence = (), twin_reference: ArrayLike | None = None, float64_noise: bool = False,
+            port_noisy: Sequence = (), island_noisy: Sequence = ()) -> Row:
     """One quantity judged: the port's error against the float64 reference, relative to the reference's scale.
 
     float32: within k × PyTorch's own error, the largest of ``noisy`` (PyTorch's float32 results) against the

@@ -367,7 +367,7 @@ class MemoryPolicy:
         """
         return sum(np.asarray(g).nbytes for g in gradients.values()) > self.recomputed_above
 
-    def programs_held(self, program: str, parameter_bytes: int):
+    def programs_held(self, program: str, parameter_bytes: int) -> contextlib.AbstractContextManager:
         """While ``program`` runs: op by op, on a model of more than ``programs_let_go_above`` bytes of parameters, at
         most a bounded number of JAX's per-operation programs held (:func:`op_programs_bounded`); a smaller model's, or
         a compiled program, nothing to bound.
