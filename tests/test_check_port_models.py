@@ -833,3 +833,15 @@ def test_a_taps_target_that_is_not_there_is_a_spec_error_that_names_it(target, w
 
     with pytest.raises(testing.SpecError, match=re.escape(words)):
         taps.validate({"rope": ("os.path:join", target)})
+
+
+def test_a_float64_checks_float32_variant_narrows_integers_to_32_bits_keeping_their_sign():
+    """The float32 run of a float64 check takes its inputs as JAX makes them without 64-bit types: int64 → int32,
+    uint64 → uint32 (it made uint64 int32), floats → float32 clipped to its range."""
+    from functional_gan.testing.jax_side import narrowed
+
+    out = narrowed({"i": np.array([-3], np.int64), "u": np.array([2**32 - 1], np.uint64),
+                    "f": np.array([np.finfo(np.float64).min, 0.5])})
+    assert out["i"].dtype == np.int32 and out["i"][0] == -3
+    assert out["u"].dtype == np.uint32 and out["u"][0] == 2**32 - 1
+    assert out["f"].dtype == np.float32 and out["f"][0] == np.finfo(np.float32).min and out["f"][1] == 0.5

@@ -65,3 +65,10 @@ def test_a_reports_exit_status_is_its_worst_rows_verdicts(port, expected):
     assert EXIT_SPEC not in {v.exit_status for v in Verdict}
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.allow_precision = True
+
+
+def test_a_float32_quantity_with_nothing_to_judge_it_against_is_a_clear_error():
+    """compare in float32 needs PyTorch's own results (noisy) or a fixed tolerance (it failed on max() of nothing)."""
+    with pytest.raises(ValueError, match="neither was given"):
+        compare("loss", "loss", np.float32(1.0), np.float64(1.0), [], "float32")
+    assert compare("loss", "loss", np.float32(1.0), np.float64(1.0), [], "float32", tolerance=1e-6).passed

@@ -140,14 +140,14 @@ def port_islands_run(run: Run, step_function, start: dict) -> dict:
 
 
 def narrowed(tree):
-    """``tree`` as a float32 program takes it: floating-point leaves in float32, integers in int32.
+    """``tree`` as a float32 program takes it: floating-point leaves in float32, integers in 32 bits.
 
     Args:
         tree: a pytree of arrays (NumPy, JAX) or numbers.
 
     Returns:
         The tree with its leaves as NumPy arrays: floating-point ones in float32, clipped to its range; integers of more
-        than 32 bits in int32; the rest in their own dtype. PRNG keys are kept as they are.
+        than 32 bits in int32 (unsigned ones in uint32); the rest in their own dtype. PRNG keys are kept as they are.
     """
     def narrow(a):
         if jax.dtypes.issubdtype(getattr(a, "dtype", np.float64), jax.dtypes.prng_key):  # a key (NNX's Rngs)
@@ -156,7 +156,9 @@ def narrowed(tree):
         if a.dtype.kind == "f":  # beyond float32's range at its ends (an attention mask of float64's lowest value)
             limit = np.finfo(np.float32)
             return np.clip(a, limit.min, limit.max).astype(np.float32)
-        return a.astype(np.int32) if a.dtype.kind in "iu" and a.dtype.itemsize > 4 else a
+        if a.dtype.kind in "iu" and a.dtype.itemsize > 4:  # as JAX makes them without 64-bit types
+            return a.astype(np.int32 if a.dtype.kind == "i" else np.uint32)
+        return a
     return jax.tree_util.tree_map(narrow, tree)
 
 

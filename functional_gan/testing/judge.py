@@ -308,6 +308,9 @@ def compare(stage: str, name: str, port: ArrayLike, reference: ArrayLike, noisy:
     Returns:
         The :class:`Row`: the error, PyTorch's own, the allowance, the scale and both values where they differ most;
         where the shapes differ, both shapes and an infinite error.
+
+    Raises:
+        ValueError: a float32 quantity given neither ``noisy`` nor ``tolerance``: nothing to judge it against.
     """
     port = np.asarray(port, np.float64)
     reference = np.asarray(reference, np.float64)
@@ -332,6 +335,9 @@ def compare(stage: str, name: str, port: ArrayLike, reference: ArrayLike, noisy:
     elif dtype == "float32" and tolerance is not None and not noisy:
         allowed = tolerance
     else:  # ``noisy``: PyTorch's results in this dtype; the largest of their errors is PyTorch's own
+        if not noisy:
+            raise ValueError(f"compare({stage!r}, {name!r}): a float32 quantity is judged against PyTorch's own error "
+                             "(noisy) or a fixed tolerance; neither was given")
         noise = max(error_of(n) for n in noisy)
         allowed = allowance(noise, k, dtype) if tolerance is None else tolerance
         if dtype == "float64" and port_noisy and tolerance is None:
