@@ -546,21 +546,33 @@ def _linen_mode(model, train: bool):
     return model, arguments
 
 
-def _linen_shapes(model, key, inputs, mode: dict | None = None) -> dict | None:
-    """``model.init``'s variables as shapes and dtypes (``jax.eval_shape``: traced, neither compiled nor drawn), in
-    definition order; None for a module whose ``init`` needs concrete values."""
+# What tracing a module whose ``init`` needs concrete values raises
+_NEEDS_CONCRETE_VALUES = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+                          jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError)
+
+
+def _traced_init(model, mode: dict | None):
+    """(``model.init`` as a function of (key, *inputs), the dict where its last trace leaves its variables in definition
+    order, which pairing reads: a transformation's outputs come back key-sorted)."""
     traced = {}
 
     def init(key, *inputs):
         traced["variables"] = model.init(key, *inputs, **(mode or {}))
         return traced["variables"]
 
+    return init, traced
+
+
+def _linen_shapes(model, key, inputs, mode: dict | None = None) -> dict | None:
+    """``model.init``'s variables as shapes and dtypes (``jax.eval_shape``: traced, neither compiled nor drawn), in
+    definition order; None where tracing it fails (a module whose ``init`` needs concrete values, or an error the real
+    ``init`` then reports)."""
+    init, traced = _traced_init(model, mode)
     try:
-        shapes = jax.eval_shape(init, key, *inputs)
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
-            jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError):
+        shapes = jax.eval_shape(init, key, *inputs)  # traced first: it fills ``traced``
+    except Exception:
         return None
-    return _in_order_of(traced["variables"], shapes)  # eval_shape's outputs come back key-sorted
+    return _in_order_of(traced["variables"], shapes)
 
 
 def _linen_init(model, key, inputs, mode: dict | None = None) -> dict:
@@ -568,17 +580,11 @@ def _linen_init(model, key, inputs, mode: dict | None = None) -> dict:
     a 12 s check on the example MNIST CNN with jaxlib 0.10.2); eagerly for a module whose ``init`` needs concrete
     values. The values are the same programs' (the initializers draw from the same keys); the paired ones are
     replaced by PyTorch's before any step."""
-    traced = {}
-
-    def init(key, *inputs):
-        traced["variables"] = model.init(key, *inputs, **(mode or {}))  # in definition order, which pairing reads
-        return traced["variables"]
-
+    init, traced = _traced_init(model, mode)
     try:
         variables = jax.jit(init)(key, *inputs)
-        return _in_order_of(traced["variables"], variables)  # jit's outputs come back key-sorted
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
-            jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError):
+        return _in_order_of(traced["variables"], variables)
+    except _NEEDS_CONCRETE_VALUES:
         return model.init(key, *inputs, **(mode or {}))
 
 
@@ -603,17 +609,15 @@ def _linen_adapter(spec, model, inputs, seed, abstract: bool = True) -> Adapter:
     # The variables' shapes first: PyTorch's tensors fill every paired leaf, and the port's own random values are drawn
     # (a compiled program per initializer and shape) only where a leaf is left unpaired or a collection of its own is
     # carried from step to step.
-    try:
-        variables = _linen_shapes(model, key, inputs, mode) if abstract else None
-    except Exception:  # said by the real init, as the port's own error
-        variables = None
+    variables = _linen_shapes(model, key, inputs, mode) if abstract else None
     variables = {c: dict(v) for c, v in variables.items()} if variables is not None else None
     if variables is None or any(c not in ("params", "batch_stats", "intermediates") for c in variables):
         variables = initialised()
         materialise = None
     else:
         def materialise():
-            return {c: initialised().get(c, {}) for c in ("params", "batch_stats")}
+            built = initialised()
+            return {c: built.get(c, {}) for c in ("params", "batch_stats")}
     canonical = {c: variables.get(c, {}) for c in ("params", "batch_stats")}
     others = {c: v for c, v in variables.items() if c not in ("params", "batch_stats", "intermediates")}
 
