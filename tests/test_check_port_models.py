@@ -517,6 +517,25 @@ def test_a_loss_that_fails_says_what_check_port_passed_it():
         testing.check_port(_attention_spec(torch_loss=lambda o, x, t: (o - t) ** 2))
 
 
+def test_a_loss_of_one_number_in_any_shape_is_taken_and_more_than_one_is_refused():
+    """A loss kept as (1, 1) (``loss.view(1, 1)``, a mean taken with keepdim) is one number to PyTorch's backward() and
+    to check-port alike; a loss of two numbers is refused on either side."""
+    def spec(torch_shape, jax_shape):
+        return testing.Spec(
+            _DropoutNet, jax_model=_LinenDropoutField, train=False,
+            example_inputs=lambda: (np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32),),
+            example_targets=lambda: (np.random.default_rng(1).normal(size=(4, 3)).astype(np.float32),),
+            torch_loss=lambda o, x, t: torch.mean((o - t) ** 2) * torch.ones(torch_shape, dtype=o.dtype),
+            jax_loss=lambda o, x, t: jnp.mean((o - t) ** 2) * jnp.ones(jax_shape, o.dtype))
+
+    assert_agrees(testing.check_port(spec((1, 1), (1, 1))))
+    assert_agrees(testing.check_port(spec((), (1, 1, 1))))
+    with pytest.raises(testing.SpecError, match=re_escape("torch_loss returned (1, 2) torch.float64, not one number")):
+        testing.check_port(spec((1, 2), ()))
+    with pytest.raises(testing.SpecError, match="jax_loss returned .*2.*, not one number"):
+        testing.check_port(spec((), (2,)))
+
+
 def re_escape(text: str) -> str:
     import re
 

@@ -308,7 +308,7 @@ def call_loss(loss, which: str, output, inputs: tuple, targets: tuple):
         targets: the targets.
 
     Returns:
-        The loss's value as it returned it: a number, or an array of one element.
+        The loss's value as it returned it: a number, or an array of one element whatever its shape.
 
     Raises:
         SpecError: the loss raised (a SpecError of its own passes as it is), or returned more than one number; the
@@ -323,9 +323,10 @@ def call_loss(loss, which: str, output, inputs: tuple, targets: tuple):
     except Exception as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise SpecError(f"{which} failed: {type(error).__name__}: {message}; check-port called {given}") from error
-    size = getattr(value, "size", None)
-    size = size() if callable(size) else size  # a torch.Tensor's size() is its shape
-    if getattr(value, "shape", ()) not in ((), (1,)) and size != 1:
+    # How many numbers it holds, whatever its shape ((), (1,), (1, 1) ...): a torch.Tensor's numel() (its size() is its
+    # shape), a NumPy or JAX array's size, 1 for a Python number.
+    count = value.numel() if callable(getattr(value, "numel", None)) else np.size(value)
+    if count != 1:
         raise SpecError(f"{which} returned {_described(value)}, not one number; check-port called {given}")
     return value
 
