@@ -419,12 +419,22 @@ def test_a_block_mode_failure_names_the_block_and_the_side():
 
 
 def test_a_check_larger_than_the_memory_available_stops_before_it_builds_anything(tmp_path, capsys):
-    """A model of 7.5B parameters (three 50,000² linear layers): built on the meta device for its size, refused in one
-    line with the estimate and --by-block's (exit 2), before a byte of it is made; the API refuses the same way."""
+    """A model of 7.5B parameters (a list of three 50,000² linear layers): built on the meta device for its size,
+    refused in one line with the estimate and --by-block's (exit 2), before a byte of it is made; the API refuses the
+    same way."""
     spec = tmp_path / "huge.py"
     spec.write_text("import numpy as np, torch\n"
+                    "class Huge(torch.nn.Module):\n"
+                    "    def __init__(self):\n"
+                    "        super().__init__()\n"
+                    "        self.layers = torch.nn.ModuleList([torch.nn.Linear(50_000, 50_000, bias=False)\n"
+                    "                                           for _ in range(3)])\n"
+                    "    def forward(self, x):\n"
+                    "        for layer in self.layers:\n"
+                    "            x = layer(x)\n"
+                    "        return x\n"
                     "def torch_model():\n"
-                    "    return torch.nn.Sequential(*[torch.nn.Linear(50_000, 50_000, bias=False) for _ in range(3)])\n"
+                    "    return Huge()\n"
                     "def jax_params():\n"
                     "    raise AssertionError('the port is never built')\n"
                     "def jax_apply(params, x):\n"
@@ -453,6 +463,29 @@ def test_by_block_leaves_out_the_rest_of_the_model_where_it_alone_does_not_fit(c
            "0.9 GiB (estimated), and 0.8 GiB are available" in text and "embed_tokens.weight" in text, text
     assert main(["check-port", str(Path(__file__).parent / "corpus" / "keyword_decoder.py"), "--memory-limit", "0"]) == 2
     assert "--memory-limit must be a positive number of GiB" in capsys.readouterr().err
+
+
+def test_the_estimate_offers_by_block_only_for_the_blocks_by_block_checks():
+    """The memory estimate and --by-block find the list of blocks by one rule: the model's largest list below itself.
+    A model that is itself a Sequential of one class has no list --by-block can check (it says so), and its estimate
+    offers no --by-block figure (it offered one); a list inside a model is found by both, the same list."""
+    from functional_gan.testing import memory
+
+    flat = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)])
+    assert memory.estimate(flat, "float32").by_block is None
+    with pytest.raises(testing.SpecError, match="has no ModuleList or Sequential of two or more modules of one class"):
+        by_block._block_list(testing.Spec(lambda: flat), flat)
+
+    class Nested(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.small = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(4)])
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+
+    nested = Nested()
+    assert [name for name, _ in memory.block_lists(nested)] == ["layers", "small"]
+    size = memory.estimate(nested, "float32")
+    assert size.by_block is not None and size.outside == memory.outside_estimate(4 * 6)  # the small list is outside
 
 
 def test_the_estimate_counts_a_tied_tensor_once_and_finds_the_blocks():

@@ -37,7 +37,7 @@ from functional_gan.progress import progress_bar
 
 from . import apis, outside
 from .check import check_port
-from .memory import (GIB, Phases, estimate, estimate_before_building, old_objects_frozen, outside_estimate,
+from .memory import (GIB, Phases, block_lists, estimate, estimate_before_building, old_objects_frozen, outside_estimate,
                      parameter_count)
 from .pairing import default_to_jax
 from .judge import DEFAULT_K, Verdict
@@ -181,9 +181,9 @@ def _block_list(spec: Spec, model: torch.nn.Module) -> list[tuple[str, Any]]:
         unknown = [name for name, _ in blocks if name not in names]
         if unknown:
             raise SpecError(f"blocks() names {', '.join(map(repr, unknown[:3]))}, which PyTorch's model has no module "
-                            f"called (its containers: {', '.join(_containers(model)[:5]) or 'none'})")
+                            f"called (its containers: {', '.join(name for name, _ in block_lists(model)[:5]) or 'none'})")
         return blocks
-    containers = _containers(model)
+    containers = [name for name, _ in block_lists(model)]
     if not containers:
         raise SpecError("--by-block: PyTorch's model has no ModuleList or Sequential of two or more modules of one "
                         "class; name the blocks in the spec: blocks() returning [(PyTorch module name, the port's "
@@ -241,17 +241,6 @@ def _materializer(abstract):
             lambda leaf: jnp.zeros(leaf.shape, leaf.dtype) if isinstance(leaf, jax.ShapeDtypeStruct) else leaf, state)
         return nnx.merge(graphdef, state)
     return build
-
-
-def _containers(model: torch.nn.Module) -> list[str]:
-    """PyTorch's ModuleLists and Sequentials of two or more modules of one class, with parameters, largest first."""
-    found = []
-    for name, module in model.named_modules():
-        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) and name:
-            children = list(module.children())
-            if len(children) >= 2 and len({type(c) for c in children}) == 1 and any(True for _ in module.parameters()):
-                found.append((sum(p.numel() for p in module.parameters()), name))
-    return [name for _, name in sorted(found, key=lambda f: -f[0])]
 
 
 def _module_lists(port, length: int, path: str = "", depth: int = 0) -> list[tuple[str, list]]:

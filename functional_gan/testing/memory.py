@@ -231,10 +231,33 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
+def block_lists(model) -> list[tuple[str, list[int]]]:
+    """The model's lists of blocks, the one rule ``--by-block`` and the memory estimate share: its ModuleLists and
+    Sequentials below the model itself of two or more modules of one class, holding parameters, largest first.
+
+    Args:
+        model: the PyTorch model (built, or on the meta device).
+
+    Returns:
+        ``(module name, each child's parameter count)`` per list; ``--by-block``'s default blocks are the first's
+        children.
+    """
+    import torch
+
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) and name:
+            children = list(module.children())
+            if len(children) >= 2 and len({type(c) for c in children}) == 1 and any(True for _ in module.parameters()):
+                found.append((name, [sum(p.numel() for p in c.parameters()) for c in children]))
+    return sorted(found, key=lambda f: -sum(f[1]))
+
+
 def estimate(model, dtype: str) -> SizeEstimate:
-    """The whole check's peak and, where the model has a list of blocks (the largest ModuleList or Sequential of
-    modules of one class), the block-by-block check's: the PyTorch model held while each block's inputs are recorded,
-    then one block's check (PyTorch's other blocks parked on disk), then the check of the parts outside the blocks.
+    """The whole check's peak and, where the model has a list of blocks (:func:`block_lists`' first, the blocks
+    ``--by-block`` checks unless the spec names its own), the block-by-block check's: the PyTorch model held while each
+    block's inputs are recorded, then one block's check (PyTorch's other blocks parked on disk), then the check of the
+    parts outside the blocks.
 
     Args:
         model: the PyTorch model, built (or on the meta device: its shapes are enough).
@@ -243,18 +266,10 @@ def estimate(model, dtype: str) -> SizeEstimate:
     Returns:
         A :class:`SizeEstimate`, in bytes; its ``by_block`` and ``outside`` None where the model has no list of blocks.
     """
-    import torch
-
     total = parameter_count(model)
     factor = WHOLE[dtype]
     whole = BASELINE + factor * 4 * total
-    lists = []
-    for module in model.modules():
-        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
-            children = list(module.children())
-            if len(children) >= 2 and len({type(c) for c in children}) == 1:
-                sizes = [sum(p.numel() for p in c.parameters()) for c in children]
-                lists.append((sum(sizes), max(sizes)))
+    lists = [(sum(sizes), max(sizes)) for _, sizes in block_lists(model)[:1]]
     by_block = outside = None
     if lists:
         blocks, largest = max(lists)
