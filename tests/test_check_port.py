@@ -67,6 +67,21 @@ def test_a_planted_porting_mistake_is_named_at_its_stage_and_layer(name, mistake
     assert (first.stage, first.name) == module.MISTAKES[mistake], report.format()
 
 
+@pytest.mark.parametrize("name,corrected", [("adam", True), ("adamw", True), ("nadam", True), ("amsgrad", True),
+                                            ("adabelief", True), ("lion", False), ("sgd", False)])
+def test_the_bias_correction_counterfactual_is_for_the_optimizers_that_correct(name, corrected):
+    """optax's optimizers whose update divides by 1 − βᵗ (optax.tree.bias_correction) get the rerun with it exact;
+    Lion, whose state also holds a moment ``mu``, has no bias correction and no such rerun or sentence."""
+    import jax
+    import optax
+
+    from functional_gan.testing.precision import uses_adam
+
+    params = {"w": np.zeros(3, np.float32)}
+    init = getattr(optax, name)(1e-3).init
+    assert uses_adam(init(params)) is corrected and uses_adam(jax.eval_shape(init, params)) is corrected
+
+
 def test_optax_float32_bias_correction_is_a_note_with_its_verified_cause():
     """optax.adamw's 1 − βᵗ in float32 costs 6.4e-6 of each update: beyond PyTorch's float32 error, so never called
     agreement; the same optax update in float64 is right, so not a divergence; and within √eps (3.5e-4) of each scale,

@@ -43,9 +43,15 @@ def start_of(findings: list[Row]) -> Row | None:
     return findings[0] if findings else None
 
 
+# optax's states whose transforms divide their moments by the bias corrections 1 − βᵗ (optax.tree.bias_correction):
+# ScaleByAdamState (adam, adamw, nadam, radam, adamax, lamb, yogi), AMSGrad's and AdaBelief's. Lion's keeps a moment
+# ``mu`` and has no bias correction; Adan's has them but keeps no ``mu``, and is not recognised.
+BIAS_CORRECTED_STATES = ("Adam", "Amsgrad", "Belief")
+
+
 def uses_adam(opt_state) -> bool:
-    """Whether an optax state holds an Adam-family or Lion state: a named tuple with ``mu`` whose class's name has
-    ``Adam`` or ``Lion`` in it.
+    """Whether an optax state holds an Adam-family state, one whose transform applies optax's bias corrections: a named
+    tuple with ``mu`` whose class's name has one of :data:`BIAS_CORRECTED_STATES` in it (not Lion's, which has none).
 
     Args:
         opt_state: the optimizer's state, or its shapes (``jax.eval_shape`` of its ``init``), or None.
@@ -55,7 +61,7 @@ def uses_adam(opt_state) -> bool:
     """
     names = {type(node).__name__ for node in jax.tree_util.tree_leaves(
         opt_state, is_leaf=lambda n: hasattr(n, "_fields") and hasattr(n, "mu"))}
-    return any("Adam" in name or "Lion" in name for name in names)
+    return any(part in name for name in names for part in BIAS_CORRECTED_STATES)
 
 
 def xla_reduction_ratio(layers: dict[str, np.ndarray], channels_last: bool) -> tuple[float, str] | None:
