@@ -153,6 +153,29 @@ def test_embedding_is_transferred():
     assert [(p.torch_key, p.jax_name) for p in report.pairings] == [("layer.weight", "params/Embed_0/embedding")]
 
 
+def test_check_port_and_check_by_block_take_a_spec_files_path():
+    """As assert_port does: a path (str or Path) is loaded with load_spec (it was an AttributeError on 'str')."""
+    from functional_gan.testing.blocks import check_by_block
+
+    assert port.check_port(str(EXAMPLES / "minimal.py"), programs=("jit",)).exit_status() == 0
+    assert check_by_block(EXAMPLES / "gpt2.py", programs=("jit",)).exit_status() == 0
+
+
+def test_a_fault_of_check_ports_own_exits_2_with_its_traceback_never_1(monkeypatch, capsys):
+    """An exception raised in check-port's code, not the spec's or the port's, is not a verdict: exit 2 (the check
+    could not run) with its traceback and a line saying whose it is; it exited 1, a divergence, before."""
+    from functional_gan.testing import check, memory
+
+    # check-port's own code failing: its report phase replaced by one of its functions that takes other arguments
+    monkeypatch.setattr(check, "_report", memory.trim)
+    assert main(["check-port", str(EXAMPLES / "minimal.py")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "TypeError" in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("functional-gan check-port: error: check-port itself failed: TypeError: "), last
+    assert last.endswith("(its traceback is above; not a verdict on the port: please report it with the spec)"), last
+
+
 def test_cli_writes_the_report_and_exits_by_the_outcome(tmp_path, capsys):
     out = tmp_path / "report.json"
     assert main(["check-port", str(EXAMPLES / "nanogpt_block.py"), "--json", str(out), "--markdown",

@@ -4,7 +4,9 @@ in float32 and float64, and a mistake planted in it must still be named at its l
 The corpus: a hand-written NNX port of pytorch/examples' MNIST Net (its float64 rows sat at 3.1–3.5× PyTorch's own
 float64 error before the port's own error counted), a Linen GroupNorm net trained with optax.adam (optax's float32 bias
 corrections: notes, not a failure), a forward-only port whose inner layer is laid out transposed (mapped, not a
-divergence), RMSNorms that compute in float32 inside a float64 model as transformers' do (on PyTorch's side, the port's,
+divergence), an LSTM as PyTorch lays it out, whose layers both return tuples,
+an NNX MobileNet block with BatchNorm of its own over 2 steps (each program's rows judged by the larger
+of the two programs' float32 rounding), RMSNorms that compute in float32 inside a float64 model as transformers' do (on PyTorch's side, the port's,
 or both: lower-precision islands), and Hugging Face's own Flax GPT-2 and Flax Llama against their PyTorch models (slow:
 transformers 4.57.6)."""
 
@@ -33,7 +35,8 @@ def _agrees(report):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("name,steps", [("mnist_nnx_handwritten", 2), ("linen_adam_groupnorm", 2), ("transposed_proj", 1)])
+@pytest.mark.parametrize("name,steps", [("mnist_nnx_handwritten", 2), ("linen_adam_groupnorm", 2), ("transposed_proj", 1),
+                                        ("mobilenet_nnx_block", 2), ("lstm_torch_layout", 1)])
 def test_a_correct_port_agrees_in_either_dtype(name, steps, dtype):
     report = port.check_port(_spec(name), dtype, steps=steps)
     _agrees(report)
@@ -43,6 +46,21 @@ def test_a_correct_port_agrees_in_either_dtype(name, steps, dtype):
     if name == "linen_adam_groupnorm" and dtype == "float32":  # optax's bias corrections: notes with a verified cause
         assert report.precision_notes and all(r.stage.endswith("update") for r in report.precision_notes)
         assert any("verified: rerun with 1 − βᵗ exact" in c for c in report.causes), report.causes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gates_in_another_order_in_the_lstm_port_are_named_at_the_lstm(dtype):
+    """The LSTM's packed gates read as i, f, o, g (PyTorch's order is i, f, g, o): named at the LSTM's own row, the
+    first array of the tuple both sides return."""
+    report = port.check_port(_spec("lstm_torch_layout", GATES="ifog"), dtype, programs=("jit",))
+    first = report.first_divergence
+    assert first is not None and (first.stage, first.name) == ("forward", "lstm"), report.format()
+
+
+def test_an_nnx_variable_updated_in_place_runs_op_by_op_in_float64():
+    """The float64 check's float32 run of the port starts from JAX arrays, as its float64 runs do: an NNX BatchStat
+    updated with ``[...] =`` held a NumPy array there, which cannot take a traced value (exit 2, blamed on the spec)."""
+    _agrees(port.check_port(_spec("mobilenet_nnx_block"), "float64", programs=("eager",)))
 
 
 @pytest.mark.parametrize("dtype,scaled", [("float32", 1e-3), ("float64", 1e-6)])

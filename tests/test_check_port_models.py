@@ -536,6 +536,31 @@ def test_a_loss_of_one_number_in_any_shape_is_taken_and_more_than_one_is_refused
         testing.check_port(spec((), (2,)))
 
 
+class _TorchMHA(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x)[0]
+
+
+class _FlaxMHA(fnn.Module):
+    @fnn.compact
+    def __call__(self, x):
+        return fnn.MultiHeadDotProductAttention(num_heads=2, name="attn")(x)
+
+
+def test_a_packed_pytorch_tensor_the_port_keeps_in_pieces_is_refused_saying_so():
+    """nn.MultiheadAttention's in_proj_weight holds query, key and value; Flax's attention has three kernels: no
+    tensor to pair it with, and param_map cannot split it: exit 2 with a line saying what PyTorch packs."""
+    with pytest.raises(testing.SpecError, match=re_escape(
+            "PyTorch's MultiheadAttention keeps the query, key and value projections (in_proj_weight, in_proj_bias) "
+            "in one tensor, which check-port moves whole")):
+        testing.check_port(testing.Spec(_TorchMHA, jax_model=_FlaxMHA, to_jax=lambda x: (x,),
+                                        example_inputs=lambda: (np.zeros((2, 5, 8), np.float32),)))
+
+
 def re_escape(text: str) -> str:
     import re
 

@@ -162,7 +162,7 @@ def run_check_port(args) -> int:
     PyTorch's own error in that dtype (the batch in other orders). Exit status 0: agreement; 1: a divergence (named:
     a value out of tolerance, or a shape that differs); 2: a spec it cannot use (a missing function, a weight that
     cannot be paired, a param_map that is not a dict, a port that computes in another dtype than --dtype, an
-    exception raised in the spec's or the port's code); 3: precision findings only (beyond k times PyTorch's own
+    exception raised in the spec's or the port's code; a fault of check-port's own, its traceback printed); 3: precision findings only (beyond k times PyTorch's own
     error, the mathematics right, and more than √eps of the scale: named with where it starts and its verified
     cause; 0 with --allow-precision). Smaller precision differences are notes (exit 0); float64 counts the port's
     own error too (its program's float32 error times 2⁻²⁹). Needs the torch extra (and equinox
@@ -203,9 +203,13 @@ def run_check_port(args) -> int:
         raise
     except Exception as error:  # raised in the spec's or the port's code: exit 2 with one line, never 1 (a divergence)
         where = _users_frame(error, args.spec)
-        if where is None:  # nothing of the spec's or the port's on the way: a fault of check-port's, with its traceback
-            raise
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        if where is None:  # nothing of the spec's or the port's on the way: a fault of check-port's, with its traceback
+            import traceback
+
+            traceback.print_exc()
+            raise UserError(f"check-port itself failed: {type(error).__name__}: {message} (its traceback is above; not "
+                            "a verdict on the port: please report it with the spec)") from error
         raise UserError(f"the check stopped on an exception raised in {where}: {type(error).__name__}: {message} "
                         "(not a verdict on the port: fix the spec or the port there and run the check again)") from error
     print(report.format())

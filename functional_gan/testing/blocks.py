@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import os
 import weakref
 from typing import Any
 
@@ -42,7 +43,7 @@ from .memory import (GIB, Phases, block_lists, estimate, estimate_before_buildin
 from .pairing import default_to_jax
 from .judge import DEFAULT_K, Verdict
 from .report import EXIT_AGREEMENT, PROGRAMS, Report, badness, outcome_words, ratio_text
-from .spec import Spec, SpecError, call_loss, select_output
+from .spec import Spec, SpecError, call_loss, load_spec, select_output
 from .torch_side import Parked
 
 
@@ -576,7 +577,7 @@ def _in_model(block: str, row: str) -> str:
     return f"{block} {row}" if row.startswith("(input") else f"{block}.{row}"
 
 
-def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
+def check_by_block(spec: Spec | str | os.PathLike, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
                    programs: tuple[str, ...] | None = None, torch_state: dict | None = None,
                    memory_limit: float | None = None, progress: bool = False,
                    allow_precision: bool = False) -> BlockReport:
@@ -585,7 +586,7 @@ def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float 
     blocks replaced (:mod:`.outside`).
 
     Args:
-        spec: what to compare, as for :func:`.check.check_port`; its ``blocks()`` (or the default: PyTorch's largest
+        spec: what to compare (or a spec file's path), as for :func:`.check.check_port`; its ``blocks()`` (or the default: PyTorch's largest
             ModuleList paired with the port's list of as many modules), ``block_to_jax``/``block_from_jax`` and
             ``BLOCK_OUTPUT`` say what a block is on each side.
         dtype: ``"float32"`` or ``"float64"``, as for :func:`.check.check_port`.
@@ -608,6 +609,8 @@ def check_by_block(spec: Spec, dtype: str = "float32", steps: int = 1, k: float 
         SpecError: as :func:`.check.check_port`'s, the message naming the block (``--by-block, block layers.3: …``)
             or the rest of the model, and the side that failed.
     """
+    if isinstance(spec, (str, os.PathLike)):
+        spec = load_spec(spec)
     with old_objects_frozen():
         report = _check_by_block(spec, dtype, steps, k, seed, programs, torch_state, memory_limit, progress)
     report.allow_precision = allow_precision

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 from typing import Any, Callable
 
 import jax
@@ -61,20 +62,21 @@ from .quantities import BEFORE_UPDATE, FROM_UPDATE, island_measures, judged_rows
 from .report import PROGRAMS, Report, jax_build
 from .prepare import prepare
 from .run import PERMUTED_RUNS, Run
-from .spec import Spec, SpecError
+from .spec import Spec, SpecError, load_spec
 from .torch_side import fed_updates, pytorch_step, recomputed_gradients, reference_parked
 
 __all__ = ["check_port", "PERMUTED_RUNS"]
 
 
-def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
+def check_port(spec: Spec | str | os.PathLike, dtype: str = "float32", steps: int = 1, k: float = DEFAULT_K, seed: int = 0,
                programs: tuple[str, ...] = PROGRAMS, torch_state: dict | None = None, export: bool = False,
                memory_limit: float | None = None, progress: bool = False, allow_precision: bool = False,
                memory: MemoryPolicy | None = None) -> Report:
     """Compare the spec's JAX port with its PyTorch model, quantity by quantity (see the module's docstring).
 
     Args:
-        spec: what to compare (:class:`.spec.Spec`, from :func:`.spec.load_spec` or :func:`.spec.spec_from_module`).
+        spec: what to compare: a :class:`.spec.Spec` (from :func:`.spec.load_spec` or :func:`.spec.spec_from_module`),
+            or a spec file's path, loaded by :func:`.spec.load_spec`.
         dtype: ``"float32"`` or ``"float64"``.
         steps: optimizer steps compared, each from PyTorch's parameters (teacher forcing) and the port's own state
             after its previous step.
@@ -102,6 +104,8 @@ def check_port(spec: Spec, dtype: str = "float32", steps: int = 1, k: float = DE
             dtype than asked, a check estimated beyond ``memory_limit``), or the spec's or the port's own code raised;
             the message says which, in one line.
     """
+    if isinstance(spec, (str, os.PathLike)):
+        spec = load_spec(spec)
     _check_arguments(dtype, steps, programs)
     memory = memory or MemoryPolicy(limit=memory_limit)
     with _numerics(dtype), old_objects_frozen(), taps.installed(taps.validate(spec.taps)):
@@ -173,8 +177,7 @@ class _PortSteps:
     # variant of a float64 check (the port's own float64 error)
     twin_step: Callable
     twin_function: Callable
-    variant_program: str
-    variant_function: Callable
+    variant_functions: dict  # float64: per program, the port's step without its optimizer as that program runs it
     update64: Callable | None  # float32: the update stage's own error, the optimizer in float64 fed the same gradients
     twin_program: str | None  # float32: the program whose float64 twin measures JAX's own error
     width: Any  # the port's floating-point dtype
@@ -202,15 +205,13 @@ class _PortSteps:
         step_fn = jax_step_function(run.adapter, run.spec, optimizer)
         twin_step = jax_step_function(run.adapter, run.spec, None)
         compiled_twin = jax.jit(twin_step)  # the float32 check's float64 twin, or the float64 check's float32 run
-        variant_program = "jit" if "jit" in programs else "eager"
         return cls(
             programs=programs, steps=steps, order=sorted(programs, key=lambda p: p != "eager"), optimizer=optimizer,
             step_fn=step_fn, last_step_fn=jax_step_function(run.adapter, run.spec, optimizer, keep_state=False),
             compiled_step=CompiledStep(step_fn, optimizer, run.memory.donates_fresh_state(run.parameter_bytes)),
             twin_step=twin_step,
             twin_function=compiled_twin if noise_program(programs) == "jit" else twin_step,
-            variant_program=variant_program,
-            variant_function=compiled_twin if variant_program == "jit" else twin_step,
+            variant_functions={p: compiled_twin if p == "jit" else twin_step for p in programs},
             update64=float64_update(optimizer) if optimizer is not None and run.dtype == "float32" else None,
             twin_program=noise_program(programs) if run.dtype == "float32" else None,
             width=jnp.float64 if run.dtype == "float64" else jnp.float32,
@@ -231,7 +232,7 @@ class _Step:
     variant_start: dict | None  # the judged program's own state as the step started
     own_before: dict = dataclasses.field(default_factory=dict)  # per program, its own state as the step started
     measures: dict = dataclasses.field(default_factory=dict)  # float32: JAX's own error, from the float64 twin
-    variant: dict | None = None  # float64: the port's program in float32
+    variants: list = dataclasses.field(default_factory=list)  # float64: each of the port's programs in float32
     wide: dict | None = None  # float64: the port's program with its float32 islands in float64
 
     def reference_gradients(self, run: Run) -> None:
@@ -323,14 +324,18 @@ def _port_phase(run: Run, port: _PortSteps, step: _Step, program: str) -> dict:
 
 
 def _port_noise_phase(run: Run, port: _PortSteps, step: _Step, phases: Phases) -> None:
-    """float64, after the first program (its faults named first): the port's own rounding error, its program in
-    float32 from the same start, and where it has float32 islands, its program with them computed in float64."""
-    variant_from = step.start(run, port, step.variant_start)  # before PyTorch's is parked
-    with run.memory.programs_held(port.variant_program, run.parameter_bytes), reference_parked(run):
-        step.variant = port_variant(run, port.variant_function, variant_from)
-    del variant_from
-    run.memory.let_go_of_programs(port.variant_program, run.parameter_bytes)
-    phases.mark(f"step {step.number}: the port in float32, for its own float64 error")
+    """float64, after the first program (its faults named first): the port's own rounding error, each of its programs
+    in float32 from that program's own start (one rounding estimate per program: judged by the larger, so that a
+    row is not judged by another program's luckier rounding), and where it has float32 islands, its program with them
+    computed in float64."""
+    for program in port.programs:
+        own = step.own_before.get(program, port.own_state[program])  # the program's own state as the step started
+        variant_from = step.start(run, port, own)  # before PyTorch's is parked
+        with run.memory.programs_held(program, run.parameter_bytes), reference_parked(run):
+            step.variants.append(port_variant(run, port.variant_functions[program], variant_from))
+        del variant_from
+        run.memory.let_go_of_programs(program, run.parameter_bytes)
+        phases.mark(f"step {step.number}: the port in float32 ({program}), for its own float64 error")
     if port.port_islands:  # the port's own islands' error: its step with its casts removed
         wide_from = step.start(run, port, step.variant_start)
         with reference_parked(run):
@@ -367,7 +372,8 @@ def _own_errors(run: Run, step: _Step, outcome: dict) -> tuple[dict, dict]:
     """float64: the port's own error up to the gradients and the buffers, quantity by quantity (its program in float32
     × 2⁻²⁹, and its islands' error), of this program's outcome; empty in float32."""
     step.reference_gradients(run)
-    return port_variation(run, step.seen, outcome, step.variant), island_measures(run, step.seen, outcome, step.wide)
+    return (port_variation(run, step.seen, outcome, step.variants),
+            island_measures(run, step.seen, outcome, step.wide))
 
 
 def _judged_to_gradients(run: Run, port: _PortSteps, step: _Step, program: str, outcome: dict, own: tuple,
@@ -384,7 +390,7 @@ def _judged_to_gradients(run: Run, port: _PortSteps, step: _Step, program: str, 
         _verify_fast_variance(run, port, step, program, variation)
         phases.mark(f"step {step.number}: the port with use_fast_variance=False (a cause verified)")
     if program == port.order[-1]:
-        step.variant = step.wide = None
+        step.variants, step.wide = [], None
     if step.recompute:
         step.seen["ref"]["grads"] = None
     if step.last and program == port.order[-1]:

@@ -16,7 +16,7 @@ from . import apis, widen
 from .memory import trim
 from .pairing import variables_from_torch
 from .report import program_words
-from .spec import PortDtypeError, Spec, SpecError, call_loss, select_output
+from .spec import PortDtypeError, Spec, SpecError, call_loss, layer_output, select_output
 
 if TYPE_CHECKING:
     from .run import Run
@@ -46,6 +46,7 @@ def jax_step_function(adapter: apis.Adapter, spec: Spec, optimizer, keep_state: 
         # from its previous step): the capture call and the training call both start from that state, and the
         # training call's state is the one carried to the next step.
         output, stats, layers, carry = adapter.apply(variables, inputs, True)
+        layers = {path: out for path, out in ((p, layer_output(v)) for p, v in layers.items()) if out is not None}
         seen = {"output": select_output(output, spec.output, "the port", spec.from_jax), "layers": layers,
                 "batch_stats": stats,
                 "carry": carry}
@@ -181,6 +182,9 @@ def port_variant(run: Run, function, start: dict) -> dict:
     with jax.enable_x64(False), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Explicitly requested dtype float64")  # a dtype the port fixes
         warnings.filterwarnings("ignore", message="overflow encountered in cast")  # float64's finfo.min as a mask
+        # the start as JAX arrays, as the float64 programs get it: a NumPy array in an NNX variable takes an update
+        # written in place (``self.running_mean[...] = ...``) as NumPy's own, which a traced value cannot be
+        start = jax.tree_util.tree_map(lambda a: jnp.asarray(a) if isinstance(a, np.ndarray) else a, start)
         return collected(run, lambda: function(start, inputs, targets, None))
 
 

@@ -14,6 +14,14 @@ import torch
 from .spec import SpecError, check_param_map
 
 
+
+# PyTorch's layers that keep several of a port's tensors in one (check-port pairs whole tensors): what each packs.
+PACKED = {"LSTM": "the four gates (i, f, g, o) of each weight and bias", "LSTMCell": "the four gates (i, f, g, o) of each "
+          "weight and bias", "GRU": "the three gates (r, z, n) of each weight and bias", "GRUCell": "the three gates "
+          "(r, z, n) of each weight and bias", "MultiheadAttention": "the query, key and value projections "
+          "(in_proj_weight, in_proj_bias)"}
+
+
 def _nchw_to_nhwc(x):
     return np.moveaxis(x, 1, -1) if isinstance(x, np.ndarray) and x.ndim >= 3 else x
 
@@ -437,9 +445,13 @@ def _pair_module(name, module, tensors, path, leaves, stats, kind: str = "", ind
                                 "models are defined in a different order? name it in param_map")
             expected = tuple(np.shape(target[leaf_name]))
         else:
+            packed = PACKED.get(type(module).__name__)
             raise SpecError(f"{full}: no known place for it in the port's module {'/'.join(path)} "
                             f"({type(module).__name__} → leaves {', '.join(leaves) or 'none'}); use param_map or "
-                            "a module with PyTorch's names")
+                            "a module with PyTorch's names" + (
+                                f". PyTorch's {type(module).__name__} keeps {packed} in one tensor, which check-port "
+                                "moves whole: keep it so in the port's module, under PyTorch's names (docs/check-port.md, "
+                                "\"Packed weights\")" if packed else ""))
         moved = to_flax_layout(tensor.detach().cpu().numpy(), transform, expected).shape
         if moved != expected:
             raise SpecError(f"{full} has shape {tuple(tensor.shape)} ({moved} in the port's layout, transform {transform}), "

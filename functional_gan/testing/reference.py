@@ -40,7 +40,8 @@ def exit_statuses() -> str:
             (Verdict.DIVERGENCE.exit_status, "a divergence: the first is named (stage, layer, both sides' values)"),
             (EXIT_SPEC, "the check could not run: a spec it cannot use (a missing entry, weights that do not pair, a "
                         "port computing in another dtype than asked, the spec's or the port's code raising), a check "
-                        "estimated beyond the memory available, a command-line error; one line says which"),
+                        "estimated beyond the memory available, a command-line error, a fault of check-port's own "
+                        "(its traceback printed); one line says which"),
             (Verdict.PRECISION_FINDING.exit_status, "precision findings and no divergence: the mathematics right, the "
                                                     "port's arithmetic keeping fewer digits than PyTorch's")]
     lines = ["| exit | means |", "|---|---|"] + [f"| {status} | {_cell(text)} |" for status, text in sorted(rows)]

@@ -142,6 +142,27 @@ def _fields_of(value) -> list[str]:
     return [k for k in vars(value) if not k.startswith("_")] if hasattr(value, "__dict__") else []
 
 
+def layer_output(value):
+    """A layer's output as check-port compares it: the array itself, or, where the layer returns a tuple or a list
+    (PyTorch's ``nn.LSTM``: ``(output, (h, c))``; ``nn.MultiheadAttention``: ``(output, weights)``; a port's module
+    written alike), its first array, depth first.
+
+    Args:
+        value: what the layer's call returned (a torch.Tensor, a NumPy or JAX array or tracer, or a nest of them).
+
+    Returns:
+        That array, or None where it holds none (the layer then has no row of its output).
+    """
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return value
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = layer_output(item)
+            if found is not None:
+                return found
+    return None
+
+
 def select_output(output, field: str | int | None, side: str, from_jax=None):
     """The model's output as compared: ``output`` itself when ``field`` is None, else its field ``field`` (a key of a
     dict, an attribute of an object such as Hugging Face's ``ModelOutput`` or a dataclass, or an index of a tuple).

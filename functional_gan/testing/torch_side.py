@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .judge import EPS64, FLOAT32_TO_64, ISLAND_FLOOR, Measured, relative_error
 from .memory import LIBC, trim
 from .pairing import Pairing, torch_in_flax_layout
-from .spec import Spec, call_loss, select_output
+from .spec import Spec, call_loss, layer_output, select_output
 from .taps import ModuleStack, TorchTaps, as_array
 
 if TYPE_CHECKING:
@@ -220,6 +220,9 @@ def run_torch_step(spec: Spec, model, optimizer, inputs, targets, dtype, record_
 
     def recorder(name):
         def hook(_module, _inputs, out):  # returns None: the module's output is left as it is
+            out = layer_output(out)  # a tuple's first tensor (nn.LSTM, nn.MultiheadAttention)
+            if out is None:
+                return
             # a copy: a later in-place op (ReLU(inplace=True), +=) must not change what was recorded
             if sink is not None:
                 if name not in outputs:
