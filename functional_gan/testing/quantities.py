@@ -178,9 +178,9 @@ def twin_measures(run: Run, seen: dict, jax_seen: dict, twin: dict) -> dict:
 def port_variation(run: Run, seen: dict, jax_seen: dict, variants: list[dict]) -> dict:
     """float64: the port's own rounding error, quantity by quantity up to the gradients and the buffers, estimated
     from its programs in float32 (:func:`port_variant`): ``max |JAX₃₂ − JAX₆₄|`` of this program's outcome
-    (``jax_seen``), times eps₆₄/eps₃₂ (2⁻²⁹), kept as numbers not yet divided by each quantity's scale. With a float32
-    run of each program (compiled and op by op), the larger estimate: one run's rounding is one sample of it, and two
-    programs round differently (a factor of 3 between them measured on a correct NNX MobileNet block).
+    (``jax_seen``), times eps₆₄/eps₃₂ (2⁻²⁹), kept as numbers not yet divided by each quantity's scale. With float32
+    runs of both programs (compiled and op by op), the larger estimate: one run's rounding is one sample of it, and
+    two programs round differently (a factor of 3 between them measured on a correct NNX MobileNet block).
 
     Args:
         run: the check's :class:`.run.Run`.
