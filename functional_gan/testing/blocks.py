@@ -43,7 +43,7 @@ from .memory import (GIB, Phases, block_lists, estimate, estimate_before_buildin
 from .pairing import default_to_jax
 from .judge import DEFAULT_K, Verdict
 from .report import EXIT_AGREEMENT, PROGRAMS, Report, badness, outcome_words, ratio_text
-from .spec import Spec, SpecError, call_loss, load_spec, select_output
+from .spec import Spec, SpecError, as_spec, call_loss, select_output
 from .torch_side import Parked
 
 
@@ -609,8 +609,7 @@ def check_by_block(spec: Spec | str | os.PathLike, dtype: str = "float32", steps
         SpecError: as :func:`.check.check_port`'s, the message naming the block (``--by-block, block layers.3: …``)
             or the rest of the model, and the side that failed.
     """
-    if isinstance(spec, (str, os.PathLike)):
-        spec = load_spec(spec)
+    spec = as_spec(spec)
     with old_objects_frozen():
         report = _check_by_block(spec, dtype, steps, k, seed, programs, torch_state, memory_limit, progress)
     report.allow_precision = allow_precision

@@ -62,7 +62,7 @@ from .quantities import BEFORE_UPDATE, FROM_UPDATE, island_measures, judged_rows
 from .report import PROGRAMS, Report, jax_build
 from .prepare import prepare
 from .run import PERMUTED_RUNS, Run
-from .spec import Spec, SpecError, load_spec
+from .spec import Spec, SpecError, as_spec
 from .torch_side import fed_updates, pytorch_step, recomputed_gradients, reference_parked
 
 __all__ = ["check_port", "PERMUTED_RUNS"]
@@ -104,8 +104,7 @@ def check_port(spec: Spec | str | os.PathLike, dtype: str = "float32", steps: in
             dtype than asked, a check estimated beyond ``memory_limit``), or the spec's or the port's own code raised;
             the message says which, in one line.
     """
-    if isinstance(spec, (str, os.PathLike)):
-        spec = load_spec(spec)
+    spec = as_spec(spec)
     _check_arguments(dtype, steps, programs)
     memory = memory or MemoryPolicy(limit=memory_limit)
     with _numerics(dtype), old_objects_frozen(), taps.installed(taps.validate(spec.taps)):

@@ -16,10 +16,13 @@ from .spec import SpecError, check_param_map
 
 
 # PyTorch's layers that keep several of a port's tensors in one (check-port pairs whole tensors): what each packs.
-PACKED = {"LSTM": "the four gates (i, f, g, o) of each weight and bias", "LSTMCell": "the four gates (i, f, g, o) of each "
-          "weight and bias", "GRU": "the three gates (r, z, n) of each weight and bias", "GRUCell": "the three gates "
-          "(r, z, n) of each weight and bias", "MultiheadAttention": "the query, key and value projections "
-          "(in_proj_weight, in_proj_bias)"}
+PACKED = {
+    "LSTM": "the four gates (i, f, g, o) of each weight and bias",
+    "LSTMCell": "the four gates (i, f, g, o) of each weight and bias",
+    "GRU": "the three gates (r, z, n) of each weight and bias",
+    "GRUCell": "the three gates (r, z, n) of each weight and bias",
+    "MultiheadAttention": "the query, key and value projections (in_proj_weight, in_proj_bias)",
+}
 
 
 def _nchw_to_nhwc(x):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -276,6 +277,22 @@ def spec_from_module(module: ModuleType | dict) -> Spec:
         if flag in chosen:
             chosen[flag] = bool(chosen[flag])
     return Spec(**chosen, name=str(values.get("__name__", "spec")))
+
+
+def as_spec(spec: Spec | str | os.PathLike) -> Spec:
+    """``spec`` itself, or the spec file at that path read by :func:`load_spec` (what :func:`.check.check_port` and
+    :func:`.blocks.check_by_block` take).
+
+    Args:
+        spec: a :class:`Spec`, or a spec file's path.
+
+    Returns:
+        The :class:`Spec`.
+
+    Raises:
+        SpecError: as :func:`load_spec`'s, for a path.
+    """
+    return load_spec(spec) if isinstance(spec, (str, os.PathLike)) else spec
 
 
 def load_spec(path: str | Path) -> Spec:
