@@ -7,7 +7,8 @@ Everything that must agree numerically with ``torch.nn`` lives here:
   ``(in, out, kH, kW)``, PyTorch's meaning of ``padding``).
 
 Both convolutions carry custom VJPs, and the transposed one a sub-pixel forward on CPU, so that
-no convolution with input dilation (XLA:CPU's slow path) is left in a training step.
+no convolution with input dilation (XLA:CPU's slow path) is left in a training step. On the CPU in
+float32, with the ``onednn`` extra installed, both run in oneDNN instead (:mod:`functional_gan.onednn`).
 * :class:`BatchNorm2d` — ``nn.BatchNorm2d`` in training and eval mode, running statistics included.
 * :func:`bce_loss` — ``nn.BCELoss()`` with its clamp at −100 and its saturation-safe backward.
 
@@ -27,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from functional_gan import onednn
 
 _NHWC_HWIO = ("NHWC", "HWIO", "NHWC")
 
@@ -344,9 +347,30 @@ def _conv_transpose_forward(x_NHWC, weight_IOHW, stride, padding, out_hw):
     return _subpixel_conv_transpose(x_NHWC, weight_IOHW, stride, padding, out_hw)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def conv2d(x_NHWC: jax.Array, weight_OIHW: jax.Array, stride: int, padding: int) -> jax.Array:
     """``torch.nn.functional.conv2d`` without bias, on NHWC activations.
+
+    On the CPU in float32 with the ``onednn`` extra installed, oneDNN's convolution through JAX's FFI
+    (:mod:`functional_gan.onednn`, ``$FUNCTIONAL_GAN_CONV`` chooses); everywhere else XLA's (:func:`xla_conv2d`).
+
+    Args:
+      x_NHWC: input, channels last.
+      weight_OIHW: kernel in PyTorch's layout ``(out_channels, in_channels, kH, kW)``.
+      stride: the same stride along both spatial axes.
+      padding: PyTorch's ``padding``: ``p`` zeros on every side.
+
+    Returns:
+      The output, NHWC.
+    """
+    out_hw = tuple(_conv_output_size(x_NHWC.shape[i], weight_OIHW.shape[i + 1], stride, padding) for i in (1, 2))
+    if onednn.use_for(x_NHWC, weight_OIHW, flops=onednn.conv_flops(x_NHWC.shape, weight_OIHW.shape, out_hw)):
+        return onednn.conv2d(x_NHWC, weight_OIHW, stride, padding)
+    return xla_conv2d(x_NHWC, weight_OIHW, stride, padding)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def xla_conv2d(x_NHWC: jax.Array, weight_OIHW: jax.Array, stride: int, padding: int) -> jax.Array:
+    """``torch.nn.functional.conv2d`` without bias, on NHWC activations, in XLA's own convolutions.
 
     The gradient is written by hand (a custom VJP) so that no convolution with input dilation
     is left in the backward pass on CPU: the input cotangent is the transposed convolution of
@@ -393,7 +417,7 @@ def _space_to_depth_input_gradient(x_NHWC, weight_OIHW, dy_NHWC, stride, padding
     return _map_batch(gradient, dy_NHWC, _per_sample_bytes(x_NHWC))
 
 
-conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)
+xla_conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)
 
 
 def conv2d_reference(x_NHWC, weight_OIHW, stride, padding):
@@ -419,7 +443,7 @@ def _conv_transpose2d_bwd(stride, padding, out_hw, residuals, dy_NHWC):
     # input-gradient this layer is (y = Fᵀx): the input cotangent is F(dy), a plain strided
     # convolution, and the kernel cotangent is F's kernel gradient at input dy with output
     # cotangent x (since <dy, F_w^T x> = <F_w dy, x>). Both are regular-convolution primitives.
-    dx_NHWC = conv2d(dy_NHWC, weight_IOHW, stride, padding)
+    dx_NHWC = xla_conv2d(dy_NHWC, weight_IOHW, stride, padding)
     return dx_NHWC, _conv2d_weight_gradient(dy_NHWC, x_NHWC, weight_IOHW, stride, padding)
 
 
@@ -453,6 +477,11 @@ def conv_transpose2d(
         transposed_output_size(x_NHWC.shape[1], kernel_h, stride, padding, output_padding),
         transposed_output_size(x_NHWC.shape[2], kernel_w, stride, padding, output_padding),
     )
+    # the convolution whose input gradient this layer is: from (N, *out_hw, out) to x, kernel (in, out, kH, kW)
+    flops = onednn.conv_flops((x_NHWC.shape[0], *out_hw, weight_IOHW.shape[1]), weight_IOHW.shape, x_NHWC.shape[1:3])
+    if onednn.use_for(x_NHWC, weight_IOHW, flops=flops) and onednn.padding_fits(
+            out_hw, x_NHWC.shape[1:3], (kernel_h, kernel_w), stride, padding):
+        return onednn.conv_transpose2d(x_NHWC, weight_IOHW, stride, padding, out_hw)
     return _conv_transpose2d(x_NHWC, weight_IOHW, stride, padding, out_hw)
 
 

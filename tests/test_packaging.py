@@ -145,13 +145,15 @@ def _installed_name(folder_name: str, relative: Path) -> str:
 
 def expected_wheel_files() -> set[str]:
     """What the wheel must hold, read off the source tree: every .py file under the three folders and the data the
-    code opens at run time (the recorded PyTorch runs in comparisons/fixtures/), at their installed paths."""
+    code opens at run time (the recorded PyTorch runs in comparisons/fixtures/; the C and C++ sources compiled at
+    first use), at their installed paths."""
     from functional_gan.comparisons import fixtures
 
     expected = set()
     for folder_name in ("functional_gan", "comparisons", "benchmarks"):
         folder = ROOT / folder_name
-        expected |= {_installed_name(folder_name, p.relative_to(folder)) for p in folder.rglob("*.py")}
+        expected |= {_installed_name(folder_name, p.relative_to(folder)) for suffix in ("py", "c", "cc")
+                     for p in folder.rglob(f"*.{suffix}")}
     data = sorted(fixtures.FIXTURE_DIR.glob("*.npz"))
     assert data, "no recorded fixtures found in the source tree"
     return expected | {_installed_name("comparisons", p.relative_to(ROOT / "comparisons")) for p in data}
