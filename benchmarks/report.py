@@ -54,7 +54,8 @@ def header_lines(ctx: Context) -> list[str]:
         f"JAX {v['jax']} on {ctx.backend} ({ctx.jax_device}); PyTorch {v['torch']} on {ctx.torch_device}, "
         f"{v['threads']} threads; CPU: {v['cpu']}",
         f"XLA_FLAGS: {v['xla_flags'] or '(none)'}; transposed convolutions: {v['transposed_conv_form']} form; "
-        f"BatchNorm: {v.get('batchnorm_form', 'reductions')} form",
+        f"BatchNorm: {v.get('batchnorm_form', 'reductions')} form; convolutions: {v.get('convolutions', 'XLA')} "
+        "(rows jax_jit: XLA's, jax_jit_onednn: oneDNN's)",
         f"float32, {'TF32 allowed on both sides (GPUs; no effect on CPUs)' if ctx.tf32 else 'TF32 off on both sides'}; "
         f"medians of {ctx.repeats} interleaved repeats after warm-up; compile time apart",
     ]
@@ -69,9 +70,13 @@ def peak_lines(ctx: Context, records: list[Record]) -> list[str]:
         return []
     best = max(ctx.peak, key=ctx.peak.get)
     theoretical, how = theoretical_peak() if ctx.backend == "cpu" else (None, "not reckoned off a CPU")
-    lines = [f"Measured peak: {ctx.peak[best] / 1e9:.0f} GFLOP/s ({best}, {ctx.peak_at[best]}; the best of "
+    lines = [f"Best GEMM: {ctx.peak[best] / 1e9:.0f} GFLOP/s ({best}, {ctx.peak_at[best]}; the best of "
              f"{len([r for r in records if r.workload.startswith('matmul')]) // 2} GEMM timings per framework); "
              f"the other framework's best {min(ctx.peak.values()) / 1e9:.0f} GFLOP/s"]
+    if ctx.fma_peak:
+        rate, measured_how = ctx.fma_peak
+        used = "the peak the fractions divide by" if rate >= ctx.peak[best] else "below the best GEMM, which stays the peak"
+        lines.append(f"Measured FMA throughput of the CPU: {rate / 1e9:.0f} GFLOP/s ({measured_how}); {used}")
     if theoretical:
         lines.append(f"Theoretical float32 peak of the CPU: {how}; measured/theoretical "
                      f"{ctx.peak[best] / theoretical:.0%}")
@@ -80,6 +85,7 @@ def peak_lines(ctx: Context, records: list[Record]) -> list[str]:
         if steps:
             lines.append(f"DCGAN step, batch {batch}, fraction of the measured peak: " + ", ".join(
                 f"{r.framework} {r.fraction_of_peak:.0%}" for r in steps))
+    lines.append(f"Measured peak (the fractions of peak divide by it): {ctx.machine_peak() / 1e9:.0f} GFLOP/s")
     over = [r for r in records if r.fraction_of_peak and r.fraction_of_peak > 1.0]
     if over:
         lines.append(f"Above the measured peak ({len(over)} rows): " + "; ".join(

@@ -94,9 +94,11 @@ class Context:
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.processor() or platform.machine(),
             "cpu": _cpu_name(), "threads": self.threads, "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "transposed_conv_form": _transposed_conv_form(), "batchnorm_form": _batchnorm_form(), "tf32": tf32,
+            "convolutions": _convolutions(),
         }
         self.peak = {}  # per framework, its best GEMM rate in FLOP/s (matmul_peak)
         self.peak_at = {}  # per framework, the GEMM that gave it
+        self.fma_peak: tuple[float, str] | None = None  # the CPU's measured FMA throughput and how (fma_peak.py)
 
     def record(self, workload, framework, batch, times=None, compile_s=None, flops=None, xla_flops=None,
                peak_memory_bytes=None, note="") -> Record:
@@ -110,10 +112,14 @@ class Context:
             None, peak_memory_bytes, len(times or ()), self.versions, note,
         )
 
+    def machine_peak(self) -> float:
+        """The machine's measured peak: the best rate of the run's GEMMs, of every shape in either framework, at its
+        start and its end (:func:`.workloads.matmul_peak`), or the CPU's FMA throughput if that is higher."""
+        return max([*self.peak.values(), self.fma_peak[0] if self.fma_peak else 0.0])
+
     def set_fractions_of_peak(self, records: list[Record]) -> None:
-        """Achieved FLOP/s over the machine's measured peak: the best rate of the run's GEMMs, of every shape in
-        either framework, at its start and its end (:func:`.workloads.matmul_peak`)."""
-        peak = max(self.peak.values())
+        """Achieved FLOP/s over the machine's measured peak (:meth:`machine_peak`)."""
+        peak = self.machine_peak()
         for r in records:
             r.fraction_of_peak = r.flops_per_s / peak if r.flops_per_s else None
 
@@ -157,6 +163,15 @@ def _transposed_conv_form() -> str:
     from functional_gan.layers import transposed_conv_form
 
     return transposed_conv_form()
+
+
+def _convolutions() -> str:
+    """Which library the JAX rows' convolutions run in by default ($FUNCTIONAL_GAN_CONV; see functional_gan.onednn)."""
+    from functional_gan import onednn
+
+    if jax.default_backend() != "cpu" or onednn.choice() == "xla":
+        return "XLA's"
+    return "oneDNN's (the onednn extra)" if onednn.available() else "XLA's (the onednn extra is not installed)"
 
 
 def _batchnorm_form() -> str:

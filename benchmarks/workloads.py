@@ -41,6 +41,14 @@ def matmul_peak(ctx: Context, when: str, shapes=PEAK_SHAPES) -> list[Record]:
     import torch
 
     records = []
+    if ctx.backend == "cpu" and when == "start":
+        from functional_gan.benchmarks import fma_peak
+
+        try:
+            ctx.fma_peak = fma_peak.measure(ctx.threads)
+        except OSError as error:
+            ctx.fma_peak = None
+            print(f"bench: the CPU's FMA throughput is not measured ({error}); the peak is the best GEMM's")
     rng = np.random.default_rng(0)
     for m, k, n in shapes:
         a = jnp.asarray(rng.normal(size=(m, k)), jnp.float32)
@@ -120,7 +128,8 @@ def _jax_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray, scan_st
     stacked = jax.device_put(jnp.broadcast_to(real_NHWC, (scan_steps, *real_NHWC.shape)))
     step = step_function(config)
     programs = {
-        "jax_jit": (make_train_step(config), real_NHWC),
+        "jax_jit": (make_train_step(config), real_NHWC),  # XLA's convolutions (see CONV_ROWS)
+        "jax_jit_onednn": (make_train_step(config), real_NHWC),  # oneDNN's, where the extra is installed
         "jax_scan": (jax.jit(lambda state, batches: jax.lax.scan(step, state, batches, unroll=True)), stacked),
         "nnx_split": (nnx_dcgan.make_train_step(config), real_NHWC),  # train --api nnx: the NNX step on the state
     }
@@ -129,9 +138,11 @@ def _jax_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray, scan_st
     programs["jax_jit_bn_reductions"] = (make_train_step(config), real_NHWC)
     runs, records = {}, {}
     for name, (program, data) in programs.items():
+        if name in CONV_ROWS and not _has_onednn(name):
+            continue
         state = init_state(config)
         start = time.perf_counter()
-        with _batchnorm_form("reductions" if name.endswith("bn_reductions") else None):
+        with _batchnorm_form("reductions" if name.endswith("bn_reductions") else None), _env(CONV_ENV, CONV_ROWS.get(name)):
             compiled = program.lower(state, data).compile()
         compile_s = time.perf_counter() - start
         holder = {"state": state}
@@ -143,6 +154,9 @@ def _jax_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray, scan_st
         runs[name] = blocking(run)
         records[name] = dict(compile_s=compile_s, xla_flops=xla_flops(compiled), peak_memory_bytes=jax_memory(compiled))
     records["jax_jit_bn_reductions"]["note"] = "the jitted step with BatchNorm as reductions (the form before)"
+    for name, label in CONV_LABELS.items():
+        if name in records:
+            records[name]["note"] = label
     # Per step: XLA's count for one step stands for the scan's too.
     records["jax_scan"].update(xla_flops=records["jax_jit"]["xla_flops"],
                                note=f"{scan_steps} steps per call (lax.scan, unrolled); time per step")
@@ -150,21 +164,46 @@ def _jax_steps(ctx: Context, config: TrainConfig, real_NCHW: np.ndarray, scan_st
     return runs, records
 
 
-@contextlib.contextmanager
-def _batchnorm_form(form: str | None):
-    """$FUNCTIONAL_GAN_BATCHNORM set to ``form`` while a program is traced (None: as it is)."""
-    from functional_gan.layers import BATCHNORM_FORM_ENV
+# The JAX rows timed with each convolution library: "jax_jit" with XLA's own convolutions, "jax_jit_onednn" with
+# oneDNN's through the FFI (functional_gan.onednn), when the onednn extra is installed; the other JAX rows run the
+# default ($FUNCTIONAL_GAN_CONV, else oneDNN where installed). The variable is read when a program is traced.
+CONV_ENV = "FUNCTIONAL_GAN_CONV"
+CONV_ROWS = {"jax_jit": "xla", "jax_jit_onednn": "onednn"}
+CONV_LABELS = {"jax_jit": "JAX (XLA's convolutions)", "jax_jit_onednn": "JAX (+ oneDNN's convolutions, through the FFI)"}
 
-    before = os.environ.get(BATCHNORM_FORM_ENV)
-    if form is not None:
-        os.environ[BATCHNORM_FORM_ENV] = form
+
+def _has_onednn(row: str) -> bool:
+    """Whether the row can run: every row but the oneDNN one, which needs the onednn extra built and a CPU."""
+    from functional_gan import onednn
+
+    return CONV_ROWS.get(row) != "onednn" or (jax.default_backend() == "cpu" and onednn.available())
+
+
+@contextlib.contextmanager
+def _env(variable: str, value: str | None):
+    """``$variable`` set to ``value`` while a program is traced (None: as it is)."""
+    before = os.environ.get(variable)
+    if value is not None:
+        os.environ[variable] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(BATCHNORM_FORM_ENV, None)
+            os.environ.pop(variable, None)
         else:
-            os.environ[BATCHNORM_FORM_ENV] = before
+            os.environ[variable] = before
+
+
+def _batchnorm_form(form: str | None):
+    """$FUNCTIONAL_GAN_BATCHNORM set to ``form`` while a program is traced (None: as it is)."""
+    from functional_gan.layers import BATCHNORM_FORM_ENV
+
+    return _env(BATCHNORM_FORM_ENV, form)
+
+
+def _conv_rows() -> dict[str, str]:
+    """The JAX rows of the per-layer and per-pass tables this run can time: {framework: $FUNCTIONAL_GAN_CONV}."""
+    return {row: conv for row, conv in CONV_ROWS.items() if _has_onednn(row)}
 
 
 def _nnx_jit_step(config: TrainConfig, real_NHWC: jax.Array):
@@ -352,6 +391,18 @@ def _conv_case(rng, batch, transposed, cin, cout, size, stride, padding):
     return x, w, op, x_j, w_j, y, jnp.asarray(rng.normal(size=y.shape), y.dtype)
 
 
+def _forward_and_gradients(op, stride: int, padding: int):
+    """``(x, w, dy) -> (y, dx, dw)``: the layer's three passes. The output is returned with the gradients: a VJP whose
+    output is dropped loses its forward to dead-code elimination, and the row would time two passes of the three its
+    FLOPs count (the per-layer rows of earlier runs did, up to 106% of the CPU's FMA throughput)."""
+
+    def run(x, w, dy):
+        y, pullback = jax.vjp(lambda a, b: op(a, b, stride, padding), x, w)
+        return (y, *pullback(dy))
+
+    return run
+
+
 def layers(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
     """Forward + backward (input and kernel gradients) of each convolution of the step, JAX vs PyTorch."""
     import torch
@@ -360,10 +411,12 @@ def layers(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
     records = []
     for name, transposed, cin, cout, size, stride, padding in network_layers(config)[0]:
         x, w, op, x_j, w_j, y, cot = _conv_case(rng, batch, transposed, cin, cout, size, stride, padding)
-        start = time.perf_counter()
-        fwd_bwd = jax.jit(lambda a, b, g: jax.vjp(lambda a_, b_: op(a_, b_, stride, padding), a, b)[1](g)).lower(
-            x_j, w_j, cot).compile()
-        compile_s = time.perf_counter() - start
+        compiled, compile_s = {}, {}
+        for row, conv in _conv_rows().items():
+            start = time.perf_counter()
+            with _env(CONV_ENV, conv):
+                compiled[row] = jax.jit(_forward_and_gradients(op, stride, padding)).lower(x_j, w_j, cot).compile()
+            compile_s[row] = time.perf_counter() - start
         torch_op = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
         x_t = torch.tensor(x, requires_grad=True, device=ctx.torch_device)
         w_t = torch.tensor(w, requires_grad=True, device=ctx.torch_device)
@@ -373,10 +426,12 @@ def layers(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
             torch.autograd.grad(torch_op(x_t, w_t, stride=stride, padding=padding), (x_t, w_t), cot_t)
             torch_sync(ctx.torch_device)
 
-        times = interleaved_times({"jax": blocking(lambda: fwd_bwd(x_j, w_j, cot)), "torch": torch_fwd_bwd}, ctx.repeats)
+        runs = {row: blocking(lambda c=c: c(x_j, w_j, cot)) for row, c in compiled.items()}
+        times = interleaved_times({**runs, "torch": torch_fwd_bwd}, ctx.repeats)
         flops = 3.0 * conv_flops(batch, cin, cout, size, 4, stride, padding, transposed)
-        records.append(ctx.record(f"layer: {name}", "jax_jit", batch, times["jax"], compile_s, flops,
-                                  xla_flops(fwd_bwd), note="forward + input and kernel gradients"))
+        for row, c in compiled.items():
+            records.append(ctx.record(f"layer: {name}", row, batch, times[row], compile_s[row], flops, xla_flops(c),
+                                      note="forward + input and kernel gradients"))
         records.append(ctx.record(f"layer: {name}", "torch_eager", batch, times["torch"], None, flops))
     return records
 
@@ -405,10 +460,10 @@ def passes(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
     records = []
     for name, transposed, cin, cout, size, stride, padding in network_layers(config)[0]:
         x, w, op, x_j, w_j, y, cot = _conv_case(rng, batch, transposed, cin, cout, size, stride, padding)
-        jax_passes = {
-            "forward": jax.jit(lambda a, b, g: op(a, b, stride, padding)),
-            "input gradient": jax.jit(lambda a, b, g: jax.vjp(lambda a_: op(a_, b, stride, padding), a)[1](g)[0]),
-            "kernel gradient": jax.jit(lambda a, b, g: jax.vjp(lambda b_: op(a, b_, stride, padding), b)[1](g)[0]),
+        jax_passes = {  # plain functions, jitted once per row below (a jitted one would keep its first row's trace)
+            "forward": lambda a, b, g: op(a, b, stride, padding),
+            "input gradient": lambda a, b, g: jax.vjp(lambda a_: op(a_, b, stride, padding), a)[1](g)[0],
+            "kernel gradient": lambda a, b, g: jax.vjp(lambda b_: op(a, b_, stride, padding), b)[1](g)[0],
         }
         torch_op = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
         x_t, w_t = torch.tensor(x, device=ctx.torch_device), torch.tensor(w, device=ctx.torch_device)
@@ -425,14 +480,18 @@ def passes(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
             "kernel gradient": lambda m=_torch_conv_pass(ctx, transposed, stride, padding, [False, True, False]): m(cot_t, x_t, w_t),
         }
         flops = conv_flops(batch, cin, cout, size, 4, stride, padding, transposed)
-        for which, jitted in jax_passes.items():
-            start = time.perf_counter()
-            compiled = jitted.lower(x_j, w_j, cot).compile()
-            compile_s = time.perf_counter() - start
-            times = interleaved_times({"jax": blocking(lambda c=compiled: c(x_j, w_j, cot)), "torch": torch_passes[which]},
-                                      ctx.repeats)
+        for which, function in jax_passes.items():
+            compiled, compile_s = {}, {}
+            for row, conv in _conv_rows().items():
+                start = time.perf_counter()
+                with _env(CONV_ENV, conv):  # a function of its own per row: jit would reuse the other row's trace
+                    compiled[row] = jax.jit(lambda a, b, g, f=function: f(a, b, g)).lower(x_j, w_j, cot).compile()
+                compile_s[row] = time.perf_counter() - start
+            runs = {row: blocking(lambda c=c: c(x_j, w_j, cot)) for row, c in compiled.items()}
+            times = interleaved_times({**runs, "torch": torch_passes[which]}, ctx.repeats)
             workload = f"pass: {name} · {which}"
-            records.append(ctx.record(workload, "jax_jit", batch, times["jax"], compile_s, flops, xla_flops(compiled)))
+            for row, c in compiled.items():
+                records.append(ctx.record(workload, row, batch, times[row], compile_s[row], flops, xla_flops(c)))
             records.append(ctx.record(workload, "torch_eager", batch, times["torch"], None, flops))
     return records
 

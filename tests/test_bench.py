@@ -114,9 +114,9 @@ def test_per_pass_and_batchnorm_workloads_time_both_frameworks_and_get_their_own
     records = workloads.passes(ctx, TUTORIAL, 2) + workloads.glue(ctx, TUTORIAL, 2)
     names = {(r.workload, r.framework) for r in records}
     convs, glue = workloads.network_layers(TUTORIAL)
-    for layer in convs:
+    for layer in convs:  # XLA's convolutions, oneDNN's (the onednn extra, installed with the test extra), PyTorch
         for which in ("forward", "input gradient", "kernel gradient"):
-            assert {(f"pass: {layer.name} · {which}", "jax_jit"), (f"pass: {layer.name} · {which}", "torch_eager")} <= names
+            assert {(f"pass: {layer.name} · {which}", f) for f in ("jax_jit", "jax_jit_onednn", "torch_eager")} <= names
     for layer in glue:  # this round's BatchNorm, the form before it (same run), PyTorch
         assert {(f"glue: {layer.name}", f) for f in ("jax_jit", "jax_jit_bn_reductions", "torch_eager")} <= names
     assert all(r.median_s > 0 for r in records)
@@ -166,10 +166,11 @@ def test_the_step_workload_times_linen_nnx_and_pytorch_and_the_plan_has_the_per_
 
     ctx = timing.Context(repeats=1, with_torch_compile=False)
     records = workloads.dcgan_step(ctx, bench.TINY_NETS, 4, 2, "dcgan_step (tiny nets: per-call cost)")
-    assert [r.framework for r in records] == ["jax_jit", "jax_scan", "nnx_split", "jax_jit_bn_reductions", "nnx_jit",
-                                              "torch_eager"]
+    assert [r.framework for r in records] == ["jax_jit", "jax_jit_onednn", "jax_scan", "nnx_split",
+                                              "jax_jit_bn_reductions", "nnx_jit", "torch_eager"]
     assert all(r.median_s > 0 and r.workload == "dcgan_step (tiny nets: per-call cost)" for r in records)
-    assert all(r.compile_s > 0 for r in records[:5]) and records[2].xla_flops == records[0].xla_flops
+    assert all(r.compile_s > 0 for r in records[:6]) and records[3].xla_flops == records[0].xla_flops
+    assert records[0].note == "JAX (XLA's convolutions)" and "oneDNN" in records[1].note
     labels = [label for label, _ in bench.workload_list(ctx, bench.Plan((64,), 1))]
     assert labels[:3] == ["matmul peak", "DCGAN step, batch 64", "DCGAN step, tiny nets"]
 
@@ -215,3 +216,25 @@ def test_the_theoretical_peak_is_read_off_the_cpus_description():
         assert how
     else:
         assert peak > 1e9 and "GFLOP/s" in how and "FMA" in how
+
+
+def test_the_machine_peak_is_the_larger_of_the_best_gemm_and_the_cpus_measured_fma_throughput(capsys):
+    """A GEMM's rate is not the machine's peak on every CPU (oneDNN's convolutions ran above the best GEMM on an AMD
+    EPYC): the fractions of peak divide by the CPU's FMA throughput where it is the larger."""
+    from functional_gan.benchmarks import fma_peak
+
+    rate, how = fma_peak.measure(threads=1, seconds=0.05, repeats=1)
+    assert rate > 1e9 and "float32 FMAs on registers alone" in how and "1 threads" in how
+    ctx = timing.Context(repeats=1, with_torch_compile=False)
+    ctx.peak, ctx.peak_at = {"jax": 2 * rate, "torch_eager": rate}, {"jax": "matmul a", "torch_eager": "matmul b"}
+    ctx.fma_peak = (rate, how)
+    assert ctx.machine_peak() == 2 * rate  # the GEMM above it stays the peak
+    ctx.fma_peak = (4 * rate, how)
+    row = _record("layer: x", "jax_jit_onednn", 64, 1.0)
+    row.flops_per_s = 3 * rate
+    ctx.set_fractions_of_peak([row])
+    assert ctx.machine_peak() == 4 * rate and row.fraction_of_peak == pytest.approx(0.75)
+    lines = report.peak_lines(ctx, [row])
+    assert any(line.startswith("Measured FMA throughput of the CPU:") and "the peak the fractions divide by" in line
+               for line in lines)
+    assert not any(line.startswith("Above the measured peak") for line in lines)
