@@ -7,12 +7,14 @@ corrections: notes, not a failure), a forward-only port whose inner layer is lai
 divergence), an LSTM as PyTorch lays it out, whose layers both return tuples,
 an NNX MobileNet block with BatchNorm of its own over 2 steps (each program's rows judged by the larger
 of the two programs' float32 rounding), RMSNorms that compute in float32 inside a float64 model as transformers' do (on PyTorch's side, the port's,
-or both: lower-precision islands), and Hugging Face's own Flax GPT-2 and Flax Llama against their PyTorch models (slow:
+or both: lower-precision islands), a linear layer scaled by a parameter of no axes (CLIP's ``logit_scale``), a
+contrastive two-tower port whose logits have the batch on both axes, and Hugging Face's own Flax GPT-2 and Flax Llama against their PyTorch models (slow:
 transformers 4.57.6)."""
 
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from functional_gan import testing as port
@@ -260,3 +262,79 @@ def test_layers_inside_a_scan_over_a_stack_get_their_rows_and_a_mistake_there_is
                                                                        "layers.1.norm"], report.format()
     wrong = port.check_port(_spec(name, **mistake), dtype, programs=("jit",))
     assert (wrong.first_divergence.stage, wrong.first_divergence.name) == ("forward", "layers.0.norm"), wrong.format()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_port_with_a_parameter_of_no_axes_agrees(dtype):
+    """CLIP's ``logit_scale``, ``nn.Parameter(torch.tensor(x))``: the float64 check moved it by one ulp as a NumPy
+    scalar, which torch.from_numpy refused (exit 2, blamed on the spec)."""
+    _agrees(port.check_port(_spec("scalar_parameter"), dtype, steps=2))
+
+
+def test_an_exception_inside_pythons_own_modules_is_check_ports_fault_not_the_specs():
+    """A TypeError raised through ``<frozen _collections_abc>`` (a ``name in mapping`` inside check-port) was blamed on
+    the spec ("the check stopped on an exception raised in __contains__() (…/<frozen _collections_abc>:780)")."""
+    import collections
+    import os
+
+    import functional_gan
+    from functional_gan.cli.checks import _users_frame
+
+    ours = os.path.join(os.path.dirname(functional_gan.__file__), "testing", "torch_side.py")
+    namespace = {}
+    exec(compile("def run(f):\n    try:\n        f()\n    except Exception as error:\n        return error\n", ours, "exec"),
+         namespace)
+    exec(compile("def inner():\n    raise TypeError('expected np.ndarray')\n", "<frozen _collections_abc>", "exec"),
+         namespace)
+    error = namespace["run"](namespace["inner"])  # caught in check-port's frame: the traceback holds it and the frozen one
+    assert isinstance(error, TypeError)
+    assert _users_frame(error, "spec.py") is None  # check-port's own fault: its traceback, not the spec's
+    standard = collections.__file__  # the standard library's own files are nobody's port either
+    exec(compile("def inner2():\n    raise TypeError('x')\n", standard, "exec"), namespace)
+    assert _users_frame(namespace["run"](namespace["inner2"]), "spec.py") is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_batch_by_batch_logits_are_put_back_on_both_axes_and_a_ten_percent_error_is_named_at_them(dtype):
+    """A contrastive two-tower port's logits have the batch on both axes. The batch-permuted PyTorch runs were put back
+    along the first axis only: PyTorch's "own error" on the output came out at 1.2 of its scale (float32), and the
+    allowance let a 10% error on the logits pass. Every row's PyTorch error is now rounding's size."""
+    report = port.check_port(_spec("two_tower"), dtype)
+    _agrees(report)
+    rounding = {"float32": 1e-5, "float64": 1e-13}[dtype]  # a few hundred ulps at most, against 1.2 before
+    assert max(row.noise for row in report.rows if row.noise is not None) < rounding, report.format()
+    planted = port.check_port(_spec("two_tower", MISTAKE="logits-10pct"), dtype)
+    first = planted.first_divergence
+    assert first is not None and (first.stage, first.name) == ("forward", "(model)"), planted.format()
+
+
+def test_a_permuted_runs_error_beyond_rounding_is_left_out_with_a_note():
+    """The guard behind the un-permutation: a batch-permuted run whose error no rounding explains (an axis it could
+    not put back) does not widen the allowance; the quantity is judged against the runs in order, and a note says so."""
+    from functional_gan.testing.judge import Measured
+    from functional_gan.testing.torch_side import joined_noise, unpermuted_error
+
+    class Run:
+        dtype, notes = "float32", set()
+
+    plain = {"layers": {"fc": Measured(2e-7)}, "grads": {}, "after": {}, "input_grads": {},
+             "output": Measured(1e-7), "loss": Measured(5e-8)}
+    permuted = {"layers": {"fc": Measured(3e-7)}, "grads": {}, "after": {}, "input_grads": {},
+                "output": Measured(0.15), "loss": Measured(6e-8)}
+    joined = joined_noise(Run, plain, permuted)
+    assert joined["output"] == 1e-7 and joined["layers"]["fc"] == 3e-7 and joined["loss"] == 6e-8
+    assert Run.notes == {"output: PyTorch's run with the batch in another order differs from its float64 result by "
+                         "0.15 of the scale, more than rounding explains (the runs in order: 1e-07); judged against "
+                         "the runs that keep the batch in order"}
+    # the un-permutation itself: a (B, B) array permuted on both axes is put back on both
+    rng = np.random.default_rng(0)
+    reference, order = rng.normal(size=(5, 5)), rng.permutation(5)
+    first_axis_put_back = reference[order][:, order][np.argsort(order)]  # what run_torch_step hands over
+    assert unpermuted_error(first_axis_put_back, reference, order) == 0.0
+    assert relative_error_of(first_axis_put_back, reference) > 0.1
+
+
+def relative_error_of(values, reference):
+    from functional_gan.testing.judge import relative_error
+
+    return float(relative_error(values, reference))

@@ -90,8 +90,14 @@ def _users_frame(error: BaseException, spec_path: str) -> str | None:
     import os
     import traceback
 
+    import sysconfig
+
     frames = traceback.extract_tb(error.__traceback__)
     spec = os.path.realpath(spec_path)
+    # Python's own modules are nobody's port: the frozen ones ("<frozen _collections_abc>", a `name in mapping` inside
+    # check-port) and the standard library's files.
+    standard = tuple(os.path.realpath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib"))
+    installed = tuple(os.path.realpath(sysconfig.get_paths()[key]) + os.sep for key in ("purelib", "platlib"))
     for frame in reversed(frames):
         if os.path.realpath(frame.filename) == spec:
             return f"the spec's {frame.name}() ({Path(spec_path).name}:{frame.lineno})"
@@ -99,8 +105,11 @@ def _users_frame(error: BaseException, spec_path: str) -> str | None:
     libraries = ("/jax/", "/jaxlib/", "/flax/", "/optax/", "/torch/", "/numpy/", "/equinox/", "/contextlib.py",
                  "/functools.py")
     for frame in reversed(frames):
+        if frame.filename.startswith("<"):
+            continue
         path = os.path.realpath(frame.filename)
-        if not path.startswith(ours) and not any(part in path for part in libraries):
+        python_own = path.startswith(standard) and not path.startswith(installed) and "-packages" + os.sep not in path
+        if not path.startswith(ours) and not python_own and not any(part in path for part in libraries):
             return f"{frame.name}() ({path}:{frame.lineno})"
     return None
 

@@ -511,7 +511,8 @@ def one_ulp(tensor: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
         A new float64 tensor.
     """
     wide = tensor.to(torch.float64)
-    return wide * (1 + torch.from_numpy(rng.choice([-1.0, 1.0], size=tuple(wide.shape))) * float(np.finfo(np.float64).eps))
+    signs = np.asarray(rng.choice([-1.0, 1.0], size=tuple(wide.shape)))  # an array for a 0-d tensor too
+    return wide * (1 + torch.from_numpy(signs) * float(np.finfo(np.float64).eps))
 
 
 
@@ -526,7 +527,7 @@ def ulp_signs(shape: tuple, rng: np.random.Generator) -> np.ndarray:
     Returns:
         An int8 array of -1 and 1.
     """
-    return rng.choice(np.array([-1, 1], np.int8), size=tuple(shape))
+    return np.asarray(rng.choice(np.array([-1, 1], np.int8), size=tuple(shape)))  # an array for shape () too
 
 
 
@@ -541,12 +542,13 @@ def moved_by(value, signs: np.ndarray) -> torch.Tensor:
     Returns:
         A new float64 tensor.
     """
-    factor = signs.astype(np.float64)
+    factor = np.array(signs, np.float64)  # a 0-d array, not a NumPy scalar, for a parameter of no axes
     factor *= float(np.finfo(np.float64).eps)
     factor += 1
     if torch.is_tensor(value):
         return value.to(torch.float64) * torch.from_numpy(factor)
-    return torch.from_numpy(np.asarray(value, np.float64) * factor)  # IEEE products: the same numbers as torch's
+    # IEEE products: the same numbers as torch's (np.multiply with out=: a 0-d product stays an array)
+    return torch.from_numpy(np.multiply(np.asarray(value, np.float64), factor, out=np.empty_like(factor)))
 
 
 
@@ -599,6 +601,49 @@ def recomputed_gradients(run: Run) -> dict:
 
 
 
+# A batch-permuted PyTorch run's error on a quantity may be at most this many times the error of the runs that keep
+# the batch in order (at least a few ulps): reordering the samples changes only the order of the batch's sums, whose
+# rounding is of the plain run's size. An error far beyond it is not rounding (a batch axis the run could not put
+# back): the quantity is judged against the other runs, and a note says so. The rule: an allowance never exceeds what
+# rounding can explain.
+PLAUSIBLE_PERMUTED = 64.0
+
+
+def unpermuted_error(value, reference, permutation: np.ndarray) -> Measured:
+    """A batch-permuted run's error on one quantity, every axis that carries the batch put back in order.
+
+    :func:`run_torch_step` puts the first axis back where it has the batch's length. A quantity with the batch on
+    more than one axis (CLIP's batch × batch logits) or on another axis ((T, B, H) of a recurrent layer) needs its
+    other axes of that length put back too, and an axis of that length may not be the batch (a hidden size equal to
+    it). Each way of putting back the axes of the batch's length is tried (at most 4 such axes), the smallest error
+    kept: the right one differs from the float64 reference by rounding, a wrong one by the values themselves.
+
+    Args:
+        value: the permuted run's value, its first axis put back where it has the batch's length.
+        reference: PyTorch64's value.
+        permutation: the order the run's samples went in.
+
+    Returns:
+        The smallest error, as a :class:`.judge.Measured`.
+    """
+    value = np.asarray(value)
+    n = len(permutation)
+    axes = [axis for axis in range(value.ndim) if value.shape[axis] == n][:4]
+    if len(axes) <= 1 and (not axes or axes[0] == 0):  # the batch on the first axis alone, put back already
+        return relative_error(value, reference)
+    inverse = np.argsort(permutation)
+    raw = value[permutation] if value.shape[0] == n else value  # as the permuted run gave it
+    best = None
+    for chosen in range(1 << len(axes)):
+        candidate = raw
+        for bit, axis in enumerate(axes):
+            if chosen >> bit & 1:
+                candidate = np.take(candidate, inverse, axis=axis)
+        error = relative_error(candidate, reference)
+        best = error if best is None else min(best, error)
+    return best
+
+
 def pytorch_step(run: Run, last: bool) -> tuple[dict, dict]:
     """Every PyTorch side runs one step from PyTorch64's state; returns what the reference saw (``"ref"``), the other
     runs' largest errors against it (``"noise"``: PyTorch's own error in the dtype, quantity by quantity, each run
@@ -631,8 +676,13 @@ def pytorch_step(run: Run, last: bool) -> tuple[dict, dict]:
                      for x in run.inputs)
 
     noise = {"layers": {}, "grads": {}, "after": {}, "input_grads": {}, "output": Measured(0.0), "loss": Measured(0.0)}
+    # the batch-permuted runs' errors apart, joined to the others' at the end where rounding can explain them
+    permuted = {"layers": {}, "grads": {}, "after": {}, "input_grads": {}, "output": Measured(0.0),
+                "loss": Measured(0.0)}
 
     def error_of(name, value, reference) -> Measured:  # a float32 run in a float64 check: scaled to float64's roundoff
+        if name in run.permutations:
+            return unpermuted_error(value, reference, run.permutations[name])
         error = relative_error(value, reference)
         if name == "t64-wide" and float(error) > 1e3 * EPS64:
             # A row a float32 island reaches carries float32 rounding: of the island's results, which the run without
@@ -653,9 +703,11 @@ def pytorch_step(run: Run, last: bool) -> tuple[dict, dict]:
             mode = BlockedSums()
         sink = None
         if name != "ref":  # each layer's output measured against the reference's as it comes, not kept
+            into = permuted if name in run.permutations else noise
+
             def sink(layer, value):
-                noise["layers"][layer] = max(noise["layers"].get(layer, Measured(0.0)),
-                                             error_of(name, value, ref["layers"][layer]))
+                into["layers"][layer] = max(into["layers"].get(layer, Measured(0.0)),
+                                            error_of(name, value, ref["layers"][layer]))
         seen = run_torch_step(run.spec, model, opt, inputs_of(name), run.targets, side_dtype(name), run.layer_paths,
                            run.permutations.get(name), layout=name == "t64-layout", sink=sink, mode=mode)
         if name == "ref":  # a tapped function's rows (TAPS), paired with the port's values in order
@@ -687,15 +739,50 @@ def pytorch_step(run: Run, last: bool) -> tuple[dict, dict]:
         del state
         seen = step_of(name, model, None)  # no optimizer step: its parameters after it are not compared
         model.zero_grad(set_to_none=True)
+        into = permuted if name in run.permutations else noise
         for quantity in ("output", "loss"):
             if quantity in seen:
-                noise[quantity] = max(noise[quantity], error_of(name, seen[quantity], ref[quantity]))
+                into[quantity] = max(into[quantity], error_of(name, seen[quantity], ref[quantity]))
         for quantity in ("grads", "after", "input_grads"):
             for key, value in seen.get(quantity, {}).items():
-                noise[quantity][key] = max(noise[quantity].get(key, Measured(0.0)),
-                                           error_of(name, value, ref[quantity][key]))
+                into[quantity][key] = max(into[quantity].get(key, Measured(0.0)),
+                                          error_of(name, value, ref[quantity][key]))
         del seen
-    return {"ref": ref, "noise": noise}, params_state
+    return {"ref": ref, "noise": joined_noise(run, noise, permuted)}, params_state
+
+
+def joined_noise(run: Run, noise: dict, permuted: dict) -> dict:
+    """PyTorch's own error per quantity: the larger of the runs that keep the batch in order (``noise``) and the
+    batch-permuted ones (``permuted``), but where a permuted run's error is more than :data:`PLAUSIBLE_PERMUTED` times
+    the others' (and their few-ulp floor), it is left out with a note: it is not rounding.
+
+    Args:
+        run: the check's :class:`.run.Run` (its dtype; its notes take the quantities left out).
+        noise: the errors of the runs that keep the batch in order, as :func:`pytorch_step` gathers them.
+        permuted: the batch-permuted runs' errors, the same way.
+
+    Returns:
+        ``noise`` with the plausible permuted errors joined.
+    """
+    from .judge import EPS, ULPS, ULPS64
+
+    floor = (ULPS if run.dtype == "float32" else ULPS64) * EPS[run.dtype]
+
+    def joined(where, plain: Measured, other: Measured) -> Measured:
+        if other <= PLAUSIBLE_PERMUTED * max(plain, floor):
+            return max(plain, other)
+        run.notes.add(f"{where}: PyTorch's run with the batch in another order differs from its float64 result by "
+                      f"{float(other):.2g} of the scale, more than rounding explains (the runs in order: "
+                      f"{float(plain):.2g}); judged against the runs that keep the batch in order")
+        return plain
+
+    for quantity in ("output", "loss"):
+        noise[quantity] = joined(quantity, noise[quantity], permuted[quantity])
+    for quantity in ("layers", "grads", "after", "input_grads"):
+        for key, other in permuted[quantity].items():
+            label = {"layers": "forward", "grads": "gradient", "after": "buffer", "input_grads": "input gradient"}
+            noise[quantity][key] = joined(f"{label[quantity]}, {key}", noise[quantity].get(key, Measured(0.0)), other)
+    return noise
 
 
 
