@@ -5,6 +5,9 @@ keeps its traceback.
 """
 
 
+EXIT_USER_ERROR = 2  # the exit status of a command stopped by a UserError (or a path it cannot read or write)
+
+
 class UserError(Exception):
     """Input the program cannot use; the message says what is wrong and what to do."""
 

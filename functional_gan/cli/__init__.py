@@ -22,7 +22,7 @@ import sys
 
 from functional_gan import compile_cache
 from functional_gan.cli import bench, checks, lessons, runs, train
-from functional_gan.errors import UserError
+from functional_gan.errors import EXIT_USER_ERROR, UserError
 
 # In the order --help lists them.
 COMMANDS = (train.add_train, runs.add_sample, runs.add_export, lessons.add_linreg, lessons.add_lessons,
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except UserError as error:
         print(f"functional-gan {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     except OSError as error:
         if error.filename is None:  # not about a path: a bug or a system failure, with its traceback
             raise
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         # no permission, disk full): one line, and what was written before stays.
         paths = " → ".join(str(p) for p in (error.filename, error.filename2) if p is not None)
         print(f"functional-gan {args.command}: error: {paths}: {error.strerror or error}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted; checkpoints already written are kept", file=sys.stderr)
         return 130
