@@ -19,11 +19,12 @@ dtypes (:data:`VERDICT_RULE`, which check-port's report prints as its footer):
 * **divergence** (exit 1): beyond it, and the mathematics differs: in float32 the same JAX program in float64
   (its *twin*) does not agree with PyTorch64, or the port's float32 error is not its own rounding; in float64 no
   verified cause explains it;
-* **precision finding** (exit 3): beyond it, the mathematics right (float32: the twin agrees and the error is the
-  port's own rounding; float64: a cause verified by a counterfactual run), and large enough to matter: more than
-  √eps of the scale (3.5e-4 in float32, 1.5e-8 in float64: the port keeps fewer than half the digits its dtype
-  carries);
-* **note**: the same, within √eps of the scale: rounding worth knowing that changes no training run;
+* **precision finding** (exit 3, float32 only): beyond it, the mathematics right (the twin agrees and the error is
+  the port's own rounding), and large enough to matter: more than √eps of the scale (3.5e-4: the port keeps fewer
+  than half the digits its dtype carries);
+* **note**: the same, within √eps of the scale: rounding worth knowing that changes no training run; in float64,
+  a row beyond the allowance whose cause a counterfactual run verifies and whose error is within 1e-10 of the scale
+  (a float64 row beyond 1e-10 is a divergence: no float64 error that large is rounding);
 * **not compared**: a layer's output whose shape could not be mapped to PyTorch's (the port's own layout of an
   intermediate): listed, never a divergence; the rows after it are compared as always.
 
@@ -69,10 +70,10 @@ class Verdict(enum.Enum):
                   "beyond it and the mathematics differs (float32: the same JAX program in float64 does not agree "
                   "with PyTorch64; float64: no verified cause explains it)")
     PRECISION_FINDING = ("precision finding", "≈", 3,
-                         "beyond it, the mathematics right (float32: the float64 twin agrees; float64: a cause "
-                         "verified by rerunning without it) and more than √eps of the scale (3.5e-4 in float32, "
-                         "1.5e-8 in float64), exit 0 where precision findings are allowed")
-    NOTE = ("note", "~", 0, "the same within √eps, rounding that changes no training run")
+                         "float32: beyond it, the mathematics right (the float64 twin agrees) and more than √eps of "
+                         "the scale (3.5e-4), exit 0 where precision findings are allowed")
+    NOTE = ("note", "~", 0, "the same within √eps, rounding that changes no training run (float64: beyond it, a "
+            "cause verified by rerunning without it, within 1e-10 of the scale)")
     NOT_COMPARED = ("not compared", "–", 0, "a layer's output the checker could not lay out as PyTorch's")
 
     def __init__(self, words: str, mark: str, exit_status: int, meaning: str):
