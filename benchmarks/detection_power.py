@@ -139,6 +139,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 50, 150])
     args = parser.parse_args(argv)
+    if not CORPUS.is_dir():  # installed from the wheel: the tests are not there
+        parser.exit(2, f"{parser.prog}: the corpus of correct ports lives in a clone's tests/corpus ({CORPUS} is not "
+                       "there); run it from a clone (pip install -e .)\n")
     found = {"detection": detection(args.depths), "corpus": corpus()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

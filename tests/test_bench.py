@@ -2,6 +2,7 @@
 
 import dataclasses
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -238,3 +239,31 @@ def test_the_machine_peak_is_the_larger_of_the_best_gemm_and_the_cpus_measured_f
     assert any(line.startswith("Measured FMA throughput of the CPU:") and "the peak the fractions divide by" in line
                for line in lines)
     assert not any(line.startswith("Above the measured peak") for line in lines)
+
+
+BENCHMARK_MODULES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py")
+                           if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("name", [m for m in BENCHMARK_MODULES if m not in ("bench", "report", "timing", "workloads")])
+def test_every_benchmark_module_imports_and_its_command_answers_help(name, capsys):
+    """Each module under benchmarks/ imports (from the installed namespace) and, where it is a command of its own,
+    answers ``--help``; the table's modules (bench, report, timing, workloads) are run by the tests above."""
+    import importlib
+
+    module = importlib.import_module(f"functional_gan.benchmarks.{name}")
+    if hasattr(module, "main"):
+        with pytest.raises(SystemExit) as stopped:
+            module.main(["--help"])
+        assert stopped.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_detection_power_refuses_with_one_line_where_the_corpus_is_not_there(monkeypatch, tmp_path, capsys):
+    from functional_gan.benchmarks import detection_power
+
+    monkeypatch.setattr(detection_power, "CORPUS", tmp_path / "tests" / "corpus")
+    with pytest.raises(SystemExit) as stopped:
+        detection_power.main(["--out", str(tmp_path)])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "run it from a clone" in err

@@ -263,3 +263,17 @@ def test_the_installed_wheel_with_torch_runs_compare_and_check_port(wheel, tmp_p
     out = _run(bin_dir, work, "check-port", "my_port.py", "--program", "jit")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "agree" in out.stdout.lower(), out.stdout[-3000:]
+
+
+def test_the_layout_page_names_every_module_room_benchmark_and_example_spec():
+    """docs/layout.md checked against the tree: every module of the package's top folder, every subpackage and its
+    modules, every module under benchmarks/ and every example spec is named there."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    names = [p.name for p in (ROOT / "functional_gan").glob("*.py") if p.name != "__init__.py"]
+    names += [p.name + "/" for p in (ROOT / "functional_gan").iterdir() if (p / "__init__.py").exists()]
+    names += [p.name for p in (ROOT / "functional_gan").glob("*/*.*") if p.suffix in (".py", ".cc")
+              and p.name != "__init__.py"]  # each room's modules
+    names += [p.name for p in (ROOT / "benchmarks").glob("*.py") if p.name != "__init__.py"]
+    names += [p.name for p in (ROOT / "examples" / "port").glob("*.py")]
+    missing = [name for name in names if name not in text]
+    assert not missing, f"docs/layout.md does not name {missing}"
