@@ -22,12 +22,16 @@ from functional_gan import testing as port
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
 
-def _spec(name: str, **settings):
+def _spec(name: str, extra_taps: dict | None = None, **settings):
+    """The corpus spec ``name`` with ``settings`` replacing its module's names (and ``extra_taps`` added to its own
+    TAPS: its functions are this module's copy's, each load being a module of its own)."""
     spec = importlib.util.spec_from_file_location(f"corpus_{name}", CORPUS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     for key, value in settings.items():
         setattr(module, key, value)
+    if extra_taps:
+        module.TAPS = {**module.TAPS, **extra_taps}
     return port.spec_from_module(module)
 
 
@@ -338,3 +342,21 @@ def relative_error_of(values, reference):
     from functional_gan.testing.judge import relative_error
 
     return float(relative_error(values, reference))
+
+
+def eager_attention_forward(*args):  # a tapped function neither side calls (transformers' Llama under SDPA)
+    raise AssertionError("never called")
+
+
+def port_attention(*args):
+    raise AssertionError("never called")
+
+
+def test_a_tap_never_called_on_a_side_is_reported_with_the_likely_reason():
+    report = port.check_port(_spec("keyword_decoder", extra_taps={"attention": (eager_attention_forward, port_attention)}),
+                             "float32", programs=("jit",))
+    _agrees(report)
+    silent = sorted(n for n in report.notes if n.startswith("TAPS["))
+    assert [n.split(" was never called")[0] for n in silent] == [
+        "TAPS['attention']: PyTorch's function eager_attention_forward", "TAPS['attention']: the port's function port_attention"]
+    assert all("attn_implementation='eager'" in n for n in silent)

@@ -114,6 +114,32 @@ def installed(taps: dict):
             setattr(owner, attribute, original)
 
 
+def silent(taps: dict, torch_rows, port_paths) -> list[str]:
+    """Notes on the taps one side never called in a step: no rows for them there, so nothing of theirs is compared
+    (transformers' Llama runs its attention through SDPA unless asked for its eager code, whose function is then
+    never called).
+
+    Args:
+        taps: the spec's taps, as :func:`validate` returns them.
+        torch_rows: the names of PyTorch's rows in the step (a tapped value's ``module:name[i]``).
+        port_paths: the paths of the port's recorded values (a tapped value's ``(ROOT, name, n)``).
+
+    Returns:
+        One note per tap and side that gave no value, naming the function and the likely reason.
+    """
+    called_torch = {row.rpartition(":")[2].partition("[")[0] for row in torch_rows if ":" in row}
+    called_port = {path[1] for path in port_paths if isinstance(path, tuple) and len(path) > 1 and path[0] == ROOT}
+    notes = []
+    for name, (torch_target, port_target) in taps.items():
+        for side, target, called in (("PyTorch's", torch_target, called_torch), ("the port's", port_target, called_port)):
+            if name not in called:
+                function = target if isinstance(target, str) else getattr(target, "__name__", None) or target[1]
+                notes.append(f"TAPS[{name!r}]: {side} function {function} was never called in the step: none of its "
+                             "values is compared (the model may run another implementation of it: transformers' "
+                             "attention runs SDPA unless built with attn_implementation='eager')")
+    return notes
+
+
 def _tensors(out) -> list:
     if isinstance(out, (tuple, list)):
         return [t for o in out for t in _tensors(o)]
