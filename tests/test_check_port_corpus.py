@@ -160,6 +160,18 @@ def test_a_layer_whose_layout_cannot_be_mapped_is_not_compared_and_not_a_diverge
     text = report.format()
     assert "Not compared" in text and "1 layer output not compared" in text
 
+    def wrong_head(params, x):  # the same, and a divergence after it: the head's bias doubled
+        h = params["proj"]["weight"] @ x.T + params["proj"]["bias"][:, None]
+        tap("proj", h.reshape(-1))
+        return tap("head", jnp.tanh(h).T @ params["head"]["weight"].T + 2 * params["head"]["bias"])
+
+    spec.jax_apply = wrong_head
+    report = port.check_port(spec, "float32", programs=("jit",))
+    first = report.first_divergence  # the row that differs, never the one that could not be compared before it
+    assert (first.stage, first.name) == ("forward", "head"), report.format()
+    assert ("Before it, 1 layer output not compared (a layout the checker could not map): forward, proj; a divergence "
+            "may start there unseen.") in report.format()
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

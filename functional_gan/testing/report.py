@@ -62,13 +62,26 @@ class Report:
 
     @property
     def first_divergence(self) -> Row | None:
-        """The first row that diverges; where a layer's output not compared (its shape not mapped) comes before it,
-        that row: a shape no layout explains is where a divergence downstream starts (a pooling with other padding)."""
+        """The first row that diverges: a compared row, never a layer's output the checker could not lay out as
+        PyTorch's (an unmapped layout is no evidence of a difference: a head-split attention tap named there hid the
+        real divergence further down). Those that come before it are named beside it (:meth:`verdict`)."""
         for rows in (self.rows, self.other_rows):
-            for index, row in enumerate(rows):
+            for row in rows:
                 if row.diverged:
-                    return next((r for r in rows[:index] if r.not_compared), row)
+                    return row
         return None
+
+    def not_compared_before(self, first: Row) -> list[Row]:
+        """The layer outputs not compared that come before ``first`` among its program's rows (where a divergence may
+        start unseen, a pooling with other padding say)."""
+        rows = self.rows if any(r is first for r in self.rows) else self.other_rows
+        before = []
+        for row in rows:
+            if row is first:
+                return before
+            if row.not_compared:
+                before.append(row)
+        return before
 
     @property
     def precision_findings(self) -> list[Row]:
@@ -195,6 +208,11 @@ class Report:
             if first.twin_error is not None:
                 text += (f" The same JAX program in float64 is {first.twin_error:.3g} of the scale from PyTorch64: "
                          "the mathematics differs.")
+        unmapped = self.not_compared_before(first)
+        if unmapped:
+            names = ", ".join(f"{r.label}, {r.name}" for r in unmapped[:3]) + (" ..." if len(unmapped) > 3 else "")
+            text += (f"\nBefore it, {len(unmapped)} layer output{'s' if len(unmapped) > 1 else ''} not compared (a "
+                     f"layout the checker could not map): {names}; a divergence may start there unseen.")
         hint = self.hints.get((first.stage, first.name))
         if hint:
             text += f"\nKnown cause that fits: {hint}"
