@@ -274,10 +274,30 @@ def test_layers_inside_a_scan_over_a_stack_get_their_rows_and_a_mistake_there_is
     monkeypatch.syspath_prepend(str(CORPUS))
     report = port.check_port(_spec(name), dtype, programs=("jit",))
     _agrees(report)
-    assert [r.name for r in report.rows if r.stage == "forward"][:4] == ["layers.0.fc", "layers.0.norm", "layers.1.fc",
-                                                                       "layers.1.norm"], report.format()
+    assert [r.name for r in report.rows if r.stage == "forward"][:4] == ["layers.0.fc", "layers.0.norm", "layers.0",
+                                                                       "layers.1.fc"], report.format()
     wrong = port.check_port(_spec(name, **mistake), dtype, programs=("jit",))
     assert (wrong.first_divergence.stage, wrong.first_divergence.name) == ("forward", "layers.0.norm"), wrong.format()
+
+
+@pytest.mark.parametrize("name", ["nnx_scan_stack", "equinox_scan_stack"])
+def test_a_mistake_after_the_last_module_of_a_scanned_layer_is_named_at_that_layer(name, monkeypatch):
+    """Each layer of a scanned stack has a row of its own (``layers.k``, the scan body's output at iteration k) beside
+    its sublayers': a mistake in a function of PyTorch's layer 1 after its last parametrised module (its output 1%
+    larger) is named at ``layers.1``, not one layer late at ``layers.2.fc``."""
+    monkeypatch.syspath_prepend(str(CORPUS))
+    spec = _spec(name)
+    plain = spec.torch_model
+
+    def planted():
+        model = plain()
+        model.layers[1].register_forward_hook(lambda module, args, out: out * 1.01)
+        return model
+
+    spec.torch_model = planted
+    report = port.check_port(spec, "float32", programs=("jit",))
+    first = report.first_divergence
+    assert (first.stage, first.name) == ("forward", "layers.1"), report.format()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

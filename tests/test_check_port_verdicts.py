@@ -326,8 +326,8 @@ def test_a_scanned_transformer_stack_pairs_its_stacked_weights_and_gets_a_row_pe
     assert [p.jax_name for p in report.pairings[:2]] == ["params/h/ln_1/scale[0]", "params/h/ln_1/bias[0]"]
     assert {p.index for p in report.pairings} == {0, 1, 2, 3}  # every tensor a slice of a stacked leaf
     forward = [r.name for r in report.rows if r.stage == "forward"]
-    assert forward[:6] == ["h.0.ln_1", "h.0.attn.c_attn", "h.0.attn.c_proj", "h.0.ln_2", "h.0.mlp.c_fc",
-                           "h.0.mlp.c_proj"] and len(forward) == 24
+    assert forward[:8] == ["h.0.ln_1", "h.0.attn.c_attn", "h.0.attn.c_proj", "h.0.attn", "h.0.ln_2", "h.0.mlp.c_fc",
+                           "h.0.mlp.c_proj", "h.0"] and len(forward) == 32  # each layer's own output and its attention's
 
 
 # --- 3 at depth: ResNet-152's layout ------------------------------------------------------------------------------

@@ -103,6 +103,7 @@ def prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, ..
     adapter.variables = shapes_of_paired(adapter.variables, pairings)
     tied = tied_tensors(reference_model)
     layer_paths = {p.torch_key.rsplit(".", 1)[0] if "." in p.torch_key else "": p.layer for p in pairings}
+    layer_paths.update(scanned_layers(reference_model, pairings, layer_paths))
     # PyTorch's own error in the dtype checked: in float32 the float32 run, and the same twice with the batch's
     # samples in other orders (the reductions over the batch sum in other orders; outputs are put back in order);
     # in float64 the two float64 runs in other orders, and one with its weights and images in other memory layouts
@@ -155,3 +156,37 @@ def prepare(spec: Spec, dtype: str, k: float, seed: int, programs: tuple[str, ..
                           "(an untied model; the copy's update differs for that reason, not the optimizer's). A port of "
                           "the tie uses one array in both places (Flax: nn.Embed.attend).")
     return run
+
+
+def scanned_layers(model, pairings, layer_paths: dict) -> dict[str, tuple[str, ...]]:
+    """The rows of a scanned stack's layers themselves: each PyTorch module with no parameters of its own whose
+    parameters are all slice ``k`` of leaves stacked under one module of the port (``nnx.scan``, ``lax.scan`` over a
+    stacked Equinox module, Linen's ``nn.scan``) is that module's call ``k`` in the scan, ``(*module, "#k")``: its own
+    output is a row (``layers.2`` beside ``layers.2.fc``), so that a mistake in a function of the layer after its last
+    parametrised module is named at the layer, not one layer late.
+
+    Args:
+        model: PyTorch's model.
+        pairings: the weights' pairing.
+        layer_paths: the rows known already (PyTorch module → the port's layer path); their paths are not taken again.
+
+    Returns:
+        {PyTorch module name: the port's layer path} for the layers found.
+    """
+    taken = set(layer_paths.values())
+    found = {}
+    for name, _ in model.named_modules():
+        if not name or name in layer_paths:
+            continue
+        under = [p for p in pairings if p.torch_key.startswith(name + ".")]
+        if not under or any(p.index is None for p in under) or len({p.index for p in under}) != 1:
+            continue
+        modules = [p.jax_path[:-1] for p in under]
+        prefix = modules[0][: next((i for i in range(len(modules[0])) if any(
+            len(m) <= i or m[i] != modules[0][i] for m in modules)), len(modules[0]))]
+        path = (*prefix, f"#{under[0].index}")
+        if prefix and path not in taken:
+            found[name] = path
+            taken.add(path)
+    return found
+
