@@ -162,3 +162,12 @@ def once_per_session(tmp_path_factory, name: str, compute):
         value = compute(shared / name)
         result.write_bytes(pickle.dumps(value))
     return value
+
+
+def dtypes(default: str):
+    """``float32`` and ``float64`` as test parameters, the one besides ``default`` marked ``slow``: a check repeated
+    in the second dtype of a behaviour the default suite checks in one (the suite's ten-minute budget; CI runs both)."""
+    import pytest
+
+    return [pytest.param(d, marks=() if d == default else pytest.mark.slow) for d in ("float32", "float64")]
+

@@ -24,7 +24,7 @@ from flax import nnx
 from functional_gan import testing as port
 from functional_gan.testing import tap
 from functional_gan.main import main
-from tests.helpers import assert_agrees, one_torch_layer
+from tests.helpers import assert_agrees, dtypes, one_torch_layer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "port"
 PORTS = {"mnist_cnn_nnx": "Flax NNX", "mnist_cnn_equinox": "Equinox"}
@@ -41,7 +41,7 @@ def _example(name: str):
     return module
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", dtypes("float32"))  # float64 NNX and Equinox: the corpus's MNIST and scan stack
 @pytest.mark.parametrize("name", PORTS)
 def test_nnx_and_equinox_ports_agree_with_a_row_per_layer(name, dtype):
     # float64 checks the compiled program and the op-by-op one (both must agree to 1e-10); float32 the compiled one.

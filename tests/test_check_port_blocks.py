@@ -19,6 +19,7 @@ import torch
 from functional_gan import testing
 from functional_gan.main import main
 from functional_gan.testing import blocks as by_block
+from tests.helpers import dtypes
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "port"
 
@@ -371,7 +372,7 @@ def _keyword_decoder(**settings):
     return testing.spec_from_module(module)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", dtypes("float32"))
 def test_layers_called_with_keyword_arguments_are_checked_as_the_model_calls_them(dtype):
     """transformers' decoder layers take attention_mask and position_embeddings by keyword: each block is called with
     them (PyTorch's) and block_to_jax gets them (the port's); before, the layer ran without them and failed."""

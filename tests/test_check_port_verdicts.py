@@ -16,7 +16,7 @@ from flax import nnx
 
 from functional_gan import testing
 from functional_gan.main import main
-from tests.helpers import assert_agrees
+from tests.helpers import assert_agrees, dtypes
 
 KEY = jax.random.key(0)
 
@@ -192,7 +192,7 @@ def test_a_batchnorm_that_changes_after_its_first_call_is_named_at_step_2s_forwa
     assert all(r.passed for r in report.rows if r.step == 1)  # its first call is PyTorch's
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", dtypes("float64"))
 def test_a_correct_stateful_equinox_port_with_a_required_key_passes_three_steps(dtype):
     report = testing.check_port(_stateful_spec(after_first=False), dtype, steps=3)
     assert_agrees(report)
@@ -306,7 +306,7 @@ def _inner_vmap_spec(mistake: bool) -> testing.Spec:
         torch_loss=lambda out, x, t: torch.mean((out - t) ** 2), jax_loss=lambda out, x, t: jnp.mean((out - t) ** 2))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", dtypes("float64"))
 def test_an_equinox_port_that_vmaps_inside_gets_a_row_per_layer_and_a_mistake_is_named_at_its_layer(dtype):
     report = testing.check_port(_inner_vmap_spec(False), dtype)
     assert_agrees(report)
