@@ -377,16 +377,8 @@ def xla_conv2d(x_NHWC: jax.Array, weight_OIHW: jax.Array, stride: int, padding: 
     ``dy`` (:func:`conv_transpose2d`, in its sub-pixel form on CPU), the kernel cotangent is the
     ordinary weight-gradient convolution. JAX's own derivative (``conv2d_reference``) computes
     the input cotangent as a convolution of ``dy`` dilated by the stride, which XLA:CPU runs on
-    a slow generic path. Both are tested equal to PyTorch, and differentiable again.
-
-    Args:
-      x_NHWC: input, channels last.
-      weight_OIHW: kernel in PyTorch's layout ``(out_channels, in_channels, kH, kW)``.
-      stride: the same stride along both spatial axes.
-      padding: PyTorch's ``padding``: ``p`` zeros on every side.
-
-    Returns:
-      The output, NHWC.
+    a slow generic path. Both are tested equal to PyTorch, and differentiable again. Arguments and result as
+    :func:`conv2d`'s.
     """
     return _lax_conv2d(x_NHWC, weight_OIHW, stride, padding)
 
