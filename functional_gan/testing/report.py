@@ -9,6 +9,7 @@ PyTorch's own error, every divergence and precision finding), then the weight tr
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -62,12 +63,14 @@ class Report:
 
     @property
     def first_divergence(self) -> Row | None:
-        """The first row that diverges: a compared row, never a layer's output the checker could not lay out as
-        PyTorch's (an unmapped layout is no evidence of a difference: a head-split attention tap named there hid the
-        real divergence further down). Those that come before it are named beside it (:meth:`verdict`)."""
+        """The first row that diverges, or a layer's output of another size than PyTorch's (no layout makes 15×15
+        values of 16×16: a max pool with other padding starts a divergence there). A layer's output of PyTorch's size
+        that the checker could not lay out as PyTorch's is never it (an unmapped layout is no evidence of a
+        difference: a head-split attention tap named there hid the real divergence further down); those before the
+        first divergence are named beside it (:meth:`verdict`)."""
         for rows in (self.rows, self.other_rows):
             for row in rows:
-                if row.diverged:
+                if row.diverged or (row.not_compared and _sizes_differ(row)):
                     return row
         return None
 
@@ -79,7 +82,7 @@ class Report:
         for row in rows:
             if row is first:
                 return before
-            if row.not_compared:
+            if row.not_compared and row is not first:
                 before.append(row)
         return before
 
@@ -440,3 +443,10 @@ def program_words(programs: tuple[str, ...]) -> str:
     """
     words = {"jit": "compiled with jax.jit, as training runs it", "eager": "op by op, without jax.jit"}
     return " and ".join(words[p] for p in programs)
+
+
+def _sizes_differ(row: Row) -> bool:
+    """Whether a row's two shapes hold different numbers of values (no layout maps one onto the other)."""
+    port_shape, torch_shape = row.shapes
+    return math.prod(port_shape) != math.prod(torch_shape)
+
