@@ -356,7 +356,8 @@ def _twin_phase(run: Run, port: _PortSteps, step: _Step, program: str, outcome: 
                       "float64 inputs and parameters: a dtype fixed inside the port, such as a Flax "
                       "module's dtype=jnp.float32, or a cast), so JAX's own float32 error cannot be measured "
                       "and nothing beyond tolerance can be called precision; make the port compute in the "
-                      "dtype of its inputs to have it measured (dtype=None; an NNX layer built with "
+                      "dtype of its inputs to have it measured (a Flax Linen module, Hugging Face's Flax classes among "
+                      "them: dtype=None; an NNX layer built with "
                       "param_dtype=jnp.zeros(()).dtype, which is the check's dtype while it builds: "
                       "nnx.Embed takes its param_dtype, float32 by default, as its dtype when dtype=None, "
                       "so set its .dtype = None after building)")

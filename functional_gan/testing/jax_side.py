@@ -120,8 +120,9 @@ def check_dtypes(seen: dict, dtype: str, run) -> None:
                 f"the port computes in {got}, not {dtype} as asked: {where} gives {got} from {dtype} inputs and "
                 f"parameters (a dtype fixed inside the port: Flax's dtype='{got}', a cast, or an NNX layer built with "
                 f"param_dtype={got}, the default, which nnx.Embed also takes as the dtype it computes in). It cannot be "
-                f"checked in {dtype} as it is: check it with --dtype {got}, or build it to compute in {dtype} (for NNX, "
-                f"param_dtype=jnp.zeros(()).dtype in jax_model(), which is {dtype} under the check)")
+                f"checked in {dtype} as it is: check it with --dtype {got}, or build it to compute in {dtype} (for Flax Linen, "
+                f"Hugging Face's Flax classes among them, dtype=None: the module computes in its inputs' dtype; for "
+                f"NNX, param_dtype=jnp.zeros(()).dtype in jax_model(), which is {dtype} under the check)")
 
 
 def port_islands_run(run: Run, step_function, start: dict) -> dict:
