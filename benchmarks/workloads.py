@@ -206,6 +206,19 @@ def _conv_rows() -> dict[str, str]:
     return {row: conv for row, conv in CONV_ROWS.items() if _has_onednn(row)}
 
 
+def _compiled_per_row(function, *args) -> tuple[dict, dict]:
+    """``function`` jitted and compiled for ``args`` once per row of :func:`_conv_rows`, each traced under its
+    convolution library: ({row: compiled}, {row: compile seconds}). Each row jits a function of its own: one jitted
+    function would reuse the trace made under the other row's library."""
+    compiled, compile_s = {}, {}
+    for row, conv in _conv_rows().items():
+        start = time.perf_counter()
+        with _env(CONV_ENV, conv):
+            compiled[row] = jax.jit(lambda *a, f=function: f(*a)).lower(*args).compile()
+        compile_s[row] = time.perf_counter() - start
+    return compiled, compile_s
+
+
 def _nnx_jit_step(config: TrainConfig, real_NHWC: jax.Array):
     """The NNX port's step as its users write it: ``nnx.jit`` over the four objects, updated in place. Each call
     walks the objects' graph in Python before and after the compiled program (the cost the split/merge form, row
@@ -411,12 +424,7 @@ def layers(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
     records = []
     for name, transposed, cin, cout, size, stride, padding in network_layers(config)[0]:
         x, w, op, x_j, w_j, y, cot = _conv_case(rng, batch, transposed, cin, cout, size, stride, padding)
-        compiled, compile_s = {}, {}
-        for row, conv in _conv_rows().items():
-            start = time.perf_counter()
-            with _env(CONV_ENV, conv):
-                compiled[row] = jax.jit(_forward_and_gradients(op, stride, padding)).lower(x_j, w_j, cot).compile()
-            compile_s[row] = time.perf_counter() - start
+        compiled, compile_s = _compiled_per_row(_forward_and_gradients(op, stride, padding), x_j, w_j, cot)
         torch_op = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
         x_t = torch.tensor(x, requires_grad=True, device=ctx.torch_device)
         w_t = torch.tensor(w, requires_grad=True, device=ctx.torch_device)
@@ -481,12 +489,7 @@ def passes(ctx: Context, config: TrainConfig, batch: int) -> list[Record]:
         }
         flops = conv_flops(batch, cin, cout, size, 4, stride, padding, transposed)
         for which, function in jax_passes.items():
-            compiled, compile_s = {}, {}
-            for row, conv in _conv_rows().items():
-                start = time.perf_counter()
-                with _env(CONV_ENV, conv):  # a function of its own per row: jit would reuse the other row's trace
-                    compiled[row] = jax.jit(lambda a, b, g, f=function: f(a, b, g)).lower(x_j, w_j, cot).compile()
-                compile_s[row] = time.perf_counter() - start
+            compiled, compile_s = _compiled_per_row(function, x_j, w_j, cot)
             runs = {row: blocking(lambda c=c: c(x_j, w_j, cot)) for row, c in compiled.items()}
             times = interleaved_times({**runs, "torch": torch_passes[which]}, ctx.repeats)
             workload = f"pass: {name} · {which}"

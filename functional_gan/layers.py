@@ -363,7 +363,7 @@ def conv2d(x_NHWC: jax.Array, weight_OIHW: jax.Array, stride: int, padding: int)
       The output, NHWC.
     """
     out_hw = tuple(_conv_output_size(x_NHWC.shape[i], weight_OIHW.shape[i + 1], stride, padding) for i in (1, 2))
-    if onednn.use_for(x_NHWC, weight_OIHW, flops=onednn.conv_flops(x_NHWC.shape, weight_OIHW.shape, out_hw)):
+    if onednn.use_for_convolution(x_NHWC, weight_OIHW, x_NHWC.shape[1:3], out_hw, stride, padding):
         return onednn.conv2d(x_NHWC, weight_OIHW, stride, padding)
     return xla_conv2d(x_NHWC, weight_OIHW, stride, padding)
 
@@ -469,10 +469,8 @@ def conv_transpose2d(
         transposed_output_size(x_NHWC.shape[1], kernel_h, stride, padding, output_padding),
         transposed_output_size(x_NHWC.shape[2], kernel_w, stride, padding, output_padding),
     )
-    # the convolution whose input gradient this layer is: from (N, *out_hw, out) to x, kernel (in, out, kH, kW)
-    flops = onednn.conv_flops((x_NHWC.shape[0], *out_hw, weight_IOHW.shape[1]), weight_IOHW.shape, x_NHWC.shape[1:3])
-    if onednn.use_for(x_NHWC, weight_IOHW, flops=flops) and onednn.padding_fits(
-            out_hw, x_NHWC.shape[1:3], (kernel_h, kernel_w), stride, padding):
+    # the convolution whose input gradient this layer is: from out_hw to x's size, its kernel this layer's
+    if onednn.use_for_convolution(x_NHWC, weight_IOHW, out_hw, x_NHWC.shape[1:3], stride, padding):
         return onednn.conv_transpose2d(x_NHWC, weight_IOHW, stride, padding, out_hw)
     return _conv_transpose2d(x_NHWC, weight_IOHW, stride, padding, out_hw)
 

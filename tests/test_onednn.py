@@ -139,6 +139,20 @@ def test_an_output_padding_beyond_the_padding_stays_with_xla(conv):
     np.testing.assert_allclose(np.asarray(fn(x, w)), y.numpy().transpose(0, 2, 3, 1), rtol=1e-6)
 
 
+def test_a_convolution_leaving_input_rows_unread_stays_with_xla(conv):
+    """3×3 stride 2 over 6 rows reads rows 0-4 only: the padding after the image would be -1, which oneDNN does not
+    take (the handler refused it at run time before the layer checked the geometry)."""
+    conv("onednn")
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.normal(size=(2, 6, 6, 3)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(4, 3, 3, 3)), jnp.float32)
+    fn = lambda x, w: layers.conv2d(x, w, 2, 0)  # noqa: E731
+    assert not _has_ffi_call(fn, x, w)
+    y = torch.nn.functional.conv2d(torch.tensor(np.asarray(x).transpose(0, 3, 1, 2)), torch.tensor(np.asarray(w)),
+                                   stride=2)
+    np.testing.assert_allclose(np.asarray(fn(x, w)), y.numpy().transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-5)
+
+
 def test_second_derivatives_stay_in_onednn_and_equal_xlas(conv):
     """WGAN-GP's penalty differentiates the critic's input gradient again: the handlers' derivatives are each other."""
     rng = np.random.default_rng(1)

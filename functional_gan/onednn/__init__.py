@@ -42,7 +42,8 @@ CONVS = ("onednn", "xla")  # the default: oneDNN where the extra is installed, e
 THREADS_ENV = "FUNCTIONAL_GAN_ONEDNN_THREADS"  # OpenMP threads per oneDNN call (default: OpenMP's, the usable cores)
 SERIAL_ENV = "FUNCTIONAL_GAN_ONEDNN_SERIAL"  # "1": oneDNN calls take turns (at most one OpenMP team busy)
 
-__all__ = ["CONV_ENV", "CONVS", "Unavailable", "available", "choice", "conv2d", "conv_transpose2d", "use_for"]
+__all__ = ["CONV_ENV", "CONVS", "Unavailable", "available", "choice", "conv2d", "conv_transpose2d", "use_for",
+           "use_for_convolution"]
 
 _warned = False
 
@@ -135,8 +136,19 @@ def use_for(*arrays, flops: float | None = None) -> bool:
 
 def padding_fits(in_hw, out_hw, kernel_hw, stride: int, padding: int) -> bool:
     """Whether a convolution from ``in_hw`` to ``out_hw`` pads by ``padding`` before and by no less than 0 after
-    (a transposed convolution's ``output_padding`` larger than its ``padding`` does not)."""
+    (oneDNN takes no negative padding: a convolution whose stride leaves input rows unread at the end, 3×3 stride 2
+    over 6 rows, does not fit, nor a transposed convolution's ``output_padding`` larger than its ``padding``)."""
     return all((o - 1) * stride + k - i - padding >= 0 for i, o, k in zip(in_hw, out_hw, kernel_hw))
+
+
+def use_for_convolution(x, weight_OIHW, in_hw, out_hw, stride: int, padding: int) -> bool:
+    """:func:`use_for` of the convolution from ``in_hw`` to ``out_hw`` with this (out, in, kH, kW) kernel (a layer's
+    own, or the one whose input gradient a transposed convolution is): where oneDNN can pad it so, judged by its
+    FLOPs."""
+    if not padding_fits(in_hw, out_hw, weight_OIHW.shape[2:], stride, padding):
+        return False
+    flops = conv_flops((x.shape[0], *in_hw, weight_OIHW.shape[1]), weight_OIHW.shape, out_hw)
+    return use_for(x, weight_OIHW, flops=flops)
 
 
 def _ffi(name: str, shape, a, b, stride: int, padding: int):

@@ -87,12 +87,21 @@ dnnl::primitive_attr user_attr() {
   return attr;
 }
 
-dnnl::convolution_forward::primitive_desc forward_pd(const Geometry& g) {
+// What every primitive of a geometry is described by: the activations as given (NHWC), the kernel in a layout of
+// oneDNN's choosing, the strides and the padding before and after the image.
+struct Descriptors {
+  memory::desc src, weights, dst;
+  memory::dims strides, pad_l, pad_r;
+  explicit Descriptors(const Geometry& g)
+      : src(activations(g.n, g.c, g.h, g.w)), weights({g.o, g.c, g.kh, g.kw}, dt::f32, tag::any),
+        dst(activations(g.n, g.o, g.oh, g.ow)), strides{g.stride, g.stride}, pad_l{g.pad_l, g.pad_l},
+        pad_r{g.pad_r_h, g.pad_r_w} {}
+};
+
+dnnl::convolution_forward::primitive_desc forward_pd(const Descriptors& d) {
   return dnnl::convolution_forward::primitive_desc(
-      engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-      activations(g.n, g.c, g.h, g.w), memory::desc({g.o, g.c, g.kh, g.kw}, dt::f32, tag::any),
-      activations(g.n, g.o, g.oh, g.ow), {g.stride, g.stride}, {g.pad_l, g.pad_l}, {g.pad_r_h, g.pad_r_w},
-      user_attr());
+      engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst,
+      d.strides, d.pad_l, d.pad_r, user_attr());
 }
 
 // oneDNN sizes a primitive's OpenMP team when it creates it (and asks for that team by number at every call):
@@ -103,24 +112,23 @@ std::shared_ptr<Cached> primitive_for(int op, const Geometry& g) {
   auto found = cache.find(g.key(op, team));
   if (found != cache.end()) return found->second;
   auto entry = std::make_shared<Cached>();
-  auto fwd = forward_pd(g);
+  Descriptors d(g);
+  auto fwd = forward_pd(d);
   if (op == kForward) {
     entry->primitive = dnnl::convolution_forward(fwd);
     entry->weights = fwd.weights_desc();
     entry->scratchpad = fwd.scratchpad_desc();
   } else if (op == kBackwardData) {
-    dnnl::convolution_backward_data::primitive_desc pd(
-        engine(), dnnl::algorithm::convolution_direct, activations(g.n, g.c, g.h, g.w),
-        memory::desc({g.o, g.c, g.kh, g.kw}, dt::f32, tag::any), activations(g.n, g.o, g.oh, g.ow),
-        {g.stride, g.stride}, {g.pad_l, g.pad_l}, {g.pad_r_h, g.pad_r_w}, fwd, user_attr());
+    dnnl::convolution_backward_data::primitive_desc pd(engine(), dnnl::algorithm::convolution_direct, d.src,
+                                                       d.weights, d.dst, d.strides, d.pad_l, d.pad_r, fwd,
+                                                       user_attr());
     entry->primitive = dnnl::convolution_backward_data(pd);
     entry->weights = pd.weights_desc();
     entry->scratchpad = pd.scratchpad_desc();
   } else {
-    dnnl::convolution_backward_weights::primitive_desc pd(
-        engine(), dnnl::algorithm::convolution_direct, activations(g.n, g.c, g.h, g.w),
-        memory::desc({g.o, g.c, g.kh, g.kw}, dt::f32, tag::any), activations(g.n, g.o, g.oh, g.ow),
-        {g.stride, g.stride}, {g.pad_l, g.pad_l}, {g.pad_r_h, g.pad_r_w}, fwd, user_attr());
+    dnnl::convolution_backward_weights::primitive_desc pd(engine(), dnnl::algorithm::convolution_direct, d.src,
+                                                          d.weights, d.dst, d.strides, d.pad_l, d.pad_r, fwd,
+                                                          user_attr());
     entry->primitive = dnnl::convolution_backward_weights(pd);
     entry->weights = pd.diff_weights_desc();
     entry->scratchpad = pd.scratchpad_desc();
@@ -165,19 +173,18 @@ ffi::Error run(int op, const Geometry& g, float* x, float* w, float* y) {
     std::unique_lock<std::mutex> turn(serial_mutex, std::defer_lock);
     if (serial) turn.lock();
     dnnl::stream stream(eng);
-    bool reorder_weights = entry->reorder;
     if (op == kForward) {
-      if (reorder_weights) entry->to_primitive.execute(stream, user_weights, weights);
+      if (entry->reorder) entry->to_primitive.execute(stream, user_weights, weights);
       entry->primitive.execute(stream, {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, y_mem},
                                         {DNNL_ARG_SCRATCHPAD, scratch_mem}});
     } else if (op == kBackwardData) {  // x is dx (written), y is dy (read)
-      if (reorder_weights) entry->to_primitive.execute(stream, user_weights, weights);
+      if (entry->reorder) entry->to_primitive.execute(stream, user_weights, weights);
       entry->primitive.execute(stream, {{DNNL_ARG_DIFF_SRC, x_mem}, {DNNL_ARG_WEIGHTS, weights},
                                         {DNNL_ARG_DIFF_DST, y_mem}, {DNNL_ARG_SCRATCHPAD, scratch_mem}});
     } else {  // w is dw (written)
       entry->primitive.execute(stream, {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_DIFF_WEIGHTS, weights},
                                         {DNNL_ARG_DIFF_DST, y_mem}, {DNNL_ARG_SCRATCHPAD, scratch_mem}});
-      if (reorder_weights) entry->from_primitive.execute(stream, weights, user_weights);
+      if (entry->reorder) entry->from_primitive.execute(stream, weights, user_weights);
     }
     stream.wait();
     return ffi::Error::Success();

@@ -310,7 +310,7 @@ def _port_phase(run: Run, port: _PortSteps, step: _Step, program: str) -> dict:
         check_dtypes(outcome, run.dtype, run)
         port.uncaptured = [n or "(model)" for n in step.seen["ref"]["layers"]
                            if run.layer_paths[n] not in outcome["layers"]]
-        run.notes.update(taps.silent(taps.validate(run.spec.taps), step.seen["ref"]["layers"], outcome["layers"]))
+        run.notes.update(taps.silent(run.spec.taps or {}, step.seen["ref"]["layers"], outcome["layers"]))
         if run.dtype == "float64":
             port.port_islands = widen.islands(port.twin_step, shapes, run.jax_inputs, run.jax_targets, None)
     del shapes

@@ -4,6 +4,8 @@ own error); what it makes is a :class:`.run.Run`."""
 
 from __future__ import annotations
 
+import os
+
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -181,9 +183,7 @@ def scanned_layers(model, pairings, layer_paths: dict) -> dict[str, tuple[str, .
         under = [p for p in pairings if p.torch_key.startswith(name + ".")]
         if not under or any(p.index is None for p in under) or len({p.index for p in under}) != 1:
             continue
-        modules = [p.jax_path[:-1] for p in under]
-        prefix = modules[0][: next((i for i in range(len(modules[0])) if any(
-            len(m) <= i or m[i] != modules[0][i] for m in modules)), len(modules[0]))]
+        prefix = tuple(os.path.commonprefix([p.jax_path[:-1] for p in under]))  # the stacked module below them all
         path = (*prefix, f"#{under[0].index}")
         if prefix and path not in taken:
             found[name] = path

@@ -82,7 +82,7 @@ class Report:
         for row in rows:
             if row is first:
                 return before
-            if row.not_compared and row is not first:
+            if row.not_compared:
                 before.append(row)
         return before
 

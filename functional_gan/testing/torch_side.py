@@ -778,10 +778,10 @@ def joined_noise(run: Run, noise: dict, permuted: dict) -> dict:
 
     for quantity in ("output", "loss"):
         noise[quantity] = joined(quantity, noise[quantity], permuted[quantity])
-    for quantity in ("layers", "grads", "after", "input_grads"):
+    labels = {"layers": "forward", "grads": "gradient", "after": "buffer", "input_grads": "input gradient"}
+    for quantity, label in labels.items():
         for key, other in permuted[quantity].items():
-            label = {"layers": "forward", "grads": "gradient", "after": "buffer", "input_grads": "input gradient"}
-            noise[quantity][key] = joined(f"{label[quantity]}, {key}", noise[quantity].get(key, Measured(0.0)), other)
+            noise[quantity][key] = joined(f"{label}, {key}", noise[quantity].get(key, Measured(0.0)), other)
     return noise
 
 
